@@ -1,0 +1,138 @@
+//! The compute interface the DeepSeek-V3 graph is written against, and the CPU reference
+//! backend. Every GPU backend implements [`Backend`] and is checked against [`cpu::CpuBackend`].
+//!
+//! Ops are coarse and fused where a GPU wants them fused (residual add + RMSNorm, RoPE + cache
+//! store, routing + experts + combine), so the graph never touches element layouts itself.
+
+pub mod cpu;
+pub mod dtype;
+
+pub use dtype::{BlockScales, HostMatrix, WeightDtype};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("weight {name}: {reason}")]
+    BadWeight { name: String, reason: String },
+    #[error("{op}: {reason}")]
+    Shape { op: &'static str, reason: String },
+    #[error("backend {backend} unavailable: {reason}")]
+    Unavailable { backend: &'static str, reason: String },
+    #[error("device error: {0}")]
+    Device(String),
+}
+
+pub type Result<T> = std::result::Result<T, BackendError>;
+
+/// Rotary embedding parameters, computed once by the model from its config.
+#[derive(Clone, Debug)]
+pub struct RopeParams {
+    /// `rope_dim / 2` inverse frequencies (YaRN-corrected when configured), f32 as the reference.
+    pub inv_freq: Vec<f32>,
+    /// Multiplies cos and sin (YaRN `attention_factor`; 1 otherwise).
+    pub attention_factor: f32,
+    /// DeepSeek's published layout: rotary pairs are adjacent `(x[2i], x[2i+1])`. The roped
+    /// output is written de-interleaved (first half / second half), identically for q and k.
+    pub interleaved: bool,
+}
+
+/// Shape of the paged latent KV pool: per layer, per token, one vector of
+/// `latent_dim` (kv_lora_rank, normalized) followed by `rope_dim` (roped shared key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvLayout {
+    pub layers: usize,
+    pub num_pages: usize,
+    pub page_size: usize,
+    pub latent_dim: usize,
+    pub rope_dim: usize,
+}
+
+impl KvLayout {
+    pub fn width(&self) -> usize {
+        self.latent_dim + self.rope_dim
+    }
+    pub fn bytes_per_page_f32(&self) -> usize {
+        self.layers * self.page_size * self.width() * 4
+    }
+}
+
+/// What one query row may attend to: the sequence's pages and the number of cached tokens
+/// visible to it (positions `0..ctx_len`, its own included).
+#[derive(Clone, Copy, Debug)]
+pub struct AttnRow<'a> {
+    pub block_table: &'a [u32],
+    pub ctx_len: usize,
+}
+
+/// Routing configuration of one MoE layer, exactly as DeepSeek-V3 publishes it.
+#[derive(Clone, Debug)]
+pub struct RouterConfig {
+    pub n_experts: usize,
+    pub top_k: usize,
+    pub n_group: usize,
+    pub topk_group: usize,
+    pub norm_topk_prob: bool,
+    pub routed_scaling_factor: f32,
+}
+
+/// An expert's weights: `gate_up` is `[2*inter, hidden]` (gate rows then up rows), `down` is
+/// `[hidden, inter]`.
+pub struct ExpertWeights<M> {
+    pub gate_up: M,
+    pub down: M,
+    pub inter: usize,
+}
+
+/// The compute interface. Buffers are flat row-major f32 activations in device memory; shapes
+/// are passed explicitly. A GPU backend serves `Buf`s from a workspace sized at start-up.
+pub trait Backend: Send + Sync + 'static {
+    type Buf: Send + Sync;
+    type Matrix: Send + Sync;
+    type KvPool: Send + Sync;
+
+    fn name(&self) -> &'static str;
+
+    // ---- memory ----
+    fn upload_matrix(&self, m: &HostMatrix<'_>) -> Result<Self::Matrix>;
+    fn upload(&self, data: &[f32]) -> Result<Self::Buf>;
+    fn download(&self, buf: &Self::Buf) -> Result<Vec<f32>>;
+    fn alloc_kv_pool(&self, layout: KvLayout) -> Result<Self::KvPool>;
+    /// Copies whole pages inside the pool (copy-on-write of shared prefix pages).
+    fn copy_kv_pages(&self, pool: &mut Self::KvPool, pairs: &[(u32, u32)]) -> Result<()>;
+
+    // ---- dense ops ----
+    /// `out[i] = table[ids[i]]`, `[ids.len(), hidden]`.
+    fn embed(&self, table: &Self::Matrix, ids: &[u32]) -> Result<Self::Buf>;
+    /// Selected `dim`-wide rows of `x`, in the order given.
+    fn gather_rows(&self, x: &Self::Buf, dim: usize, rows: &[u32]) -> Result<Self::Buf>;
+    /// RMSNorm of each `dim`-wide row.
+    fn rms_norm(&self, x: &Self::Buf, dim: usize, weight: &Self::Buf, eps: f32) -> Result<Self::Buf>;
+    /// `residual += delta`, then returns RMSNorm(residual).
+    fn add_rms_norm(&self, residual: &mut Self::Buf, delta: &Self::Buf, dim: usize, weight: &Self::Buf, eps: f32) -> Result<Self::Buf>;
+    /// `out[m, n] = Σ_k x[m, k] · w[n, k]`.
+    fn linear(&self, x: &Self::Buf, w: &Self::Matrix) -> Result<Self::Buf>;
+    /// Per-head linear: `w` stacks `heads` matrices `[n, k]`; `out[m, h, :] = w_h · x[m, h, :]`.
+    fn head_linear(&self, x: &Self::Buf, heads: usize, w: &Self::Matrix) -> Result<Self::Buf>;
+    /// `x += y`.
+    fn add_inplace(&self, x: &mut Self::Buf, y: &Self::Buf) -> Result<()>;
+    /// `[m, 2*inter]` (gate | up) → `[m, inter]`, `silu(gate) * up`.
+    fn silu_mul(&self, gate_up: &Self::Buf, inter: usize) -> Result<Self::Buf>;
+
+    // ---- MLA ----
+    /// Splits `q` `[m, heads, nope + rope]` into `q_nope [m, heads, nope]` and roped
+    /// `q_pe [m, heads, rope]`.
+    fn mla_split_rope_q(&self, q: &Self::Buf, heads: usize, nope: usize, rope_dim: usize, positions: &[u32], rope: &RopeParams) -> Result<(Self::Buf, Self::Buf)>;
+    /// From `kv_a` `[m, latent + rope]`: RMSNorm the latent part, rope the key part, and store
+    /// both in the pool at `slots` (page * page_size + offset) of `layer`.
+    #[allow(clippy::too_many_arguments)]
+    fn mla_store_kv(&self, pool: &mut Self::KvPool, layer: usize, kv_a: &Self::Buf, norm_w: &Self::Buf, eps: f32, positions: &[u32], slots: &[u32], rope: &RopeParams) -> Result<()>;
+    /// Absorbed MLA attention over the latent pool. `q_lat [m, heads, latent]`,
+    /// `q_pe [m, heads, rope]`; returns `o_lat [m, heads, latent]` (before W_UV).
+    #[allow(clippy::too_many_arguments)]
+    fn mla_attention(&self, pool: &Self::KvPool, layer: usize, q_lat: &Self::Buf, q_pe: &Self::Buf, heads: usize, rows: &[AttnRow<'_>], scale: f32) -> Result<Self::Buf>;
+
+    // ---- MoE ----
+    /// Routing (sigmoid scores, bias for selection, group-limited top-k, normalisation,
+    /// scaling) of `gate_logits [m, n_experts]`, then the selected experts on `x [m, hidden]`,
+    /// combined. Shared experts are not included.
+    fn moe(&self, x: &Self::Buf, gate_logits: &Self::Buf, bias: &Self::Buf, cfg: &RouterConfig, experts: &[ExpertWeights<Self::Matrix>]) -> Result<Self::Buf>;
+}

@@ -1,0 +1,42 @@
+//! The `weft` binary: parses the command line and dispatches. No engine logic lives here.
+
+mod generate;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "weft", version, about = "Serving runtime for DeepSeek-V3 / Kimi-K2 MoE models")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate a continuation of one prompt and print it (or JSON with --json).
+    Generate(generate::GenerateArgs),
+}
+
+/// The demo checkpoint shipped in the repository, used when no `--model` is given.
+pub fn default_model_dir() -> PathBuf {
+    if let Ok(p) = std::env::var("WEFT_DEMO_MODEL") {
+        return PathBuf::from(p);
+    }
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/demo")
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        Command::Generate(a) => generate::run(a),
+    };
+    if let Err(e) = res {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,184 @@
+//! A checkpoint's tensors: safetensors files (single or sharded via
+//! `model.safetensors.index.json`), memory-mapped, looked up by published tensor name, checked
+//! for shape and dtype, and handed out as [`HostMatrix`]/vectors with fp8 block scales attached.
+
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use weft_backend::{BlockScales, HostMatrix, WeightDtype};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("{path}: {reason}")]
+    File { path: String, reason: String },
+    #[error("tensor `{name}` not found in the checkpoint ({where_})")]
+    MissingTensor { name: String, where_: String },
+    #[error("tensor `{name}` in {file}: shape {got:?}, expected {want:?}")]
+    Shape { name: String, file: String, got: Vec<usize>, want: Vec<usize> },
+    #[error("tensor `{name}` in {file}: dtype {got:?} is not supported here ({want})")]
+    Dtype { name: String, file: String, got: String, want: String },
+}
+
+type Result<T> = std::result::Result<T, CheckpointError>;
+
+struct View<'a> {
+    dtype: Dtype,
+    shape: &'a [usize],
+    data: &'a [u8],
+}
+
+impl<'a> View<'a> {
+    fn shape(&self) -> &'a [usize] {
+        self.shape
+    }
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn data(&self) -> &'a [u8] {
+        self.data
+    }
+}
+
+struct Shard {
+    path: PathBuf,
+    mmap: Mmap,
+    /// Start of the data section (8 + header length).
+    data_start: usize,
+}
+
+/// Where one tensor lives, parsed once from its shard's header.
+struct TensorEntry {
+    shard: usize,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    range: (usize, usize),
+}
+
+/// All safetensors shards of a checkpoint directory, memory-mapped.
+pub struct Checkpoint {
+    shards: Vec<Shard>,
+    index: HashMap<String, TensorEntry>,
+    fp8_block: Option<(usize, usize)>,
+}
+
+fn file_err(path: &Path, reason: impl std::fmt::Display) -> CheckpointError {
+    CheckpointError::File { path: path.display().to_string(), reason: reason.to_string() }
+}
+
+impl Checkpoint {
+    /// Opens `model.safetensors`, or the shards named by `model.safetensors.index.json`, or
+    /// every `*.safetensors` file in `dir` (in name order) when neither exists.
+    pub fn open(dir: &Path, fp8_block: Option<(usize, usize)>) -> Result<Self> {
+        let index_path = dir.join("model.safetensors.index.json");
+        let files: Vec<PathBuf> = if index_path.exists() {
+            let text = std::fs::read_to_string(&index_path).map_err(|e| file_err(&index_path, e))?;
+            let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| file_err(&index_path, format!("not valid JSON: {e}")))?;
+            let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| file_err(&index_path, "no `weight_map` object"))?;
+            let mut names: Vec<String> = map.values().filter_map(|f| f.as_str().map(String::from)).collect();
+            names.sort();
+            names.dedup();
+            names.into_iter().map(|n| dir.join(n)).collect()
+        } else if dir.join("model.safetensors").exists() {
+            vec![dir.join("model.safetensors")]
+        } else {
+            let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+                .map_err(|e| file_err(dir, e))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+                .collect();
+            v.sort();
+            v
+        };
+        if files.is_empty() {
+            return Err(file_err(dir, "no *.safetensors weights in this directory"));
+        }
+        let mut shards = Vec::new();
+        let mut index = HashMap::new();
+        for (i, path) in files.into_iter().enumerate() {
+            let f = std::fs::File::open(&path).map_err(|e| file_err(&path, format!("cannot open shard: {e}")))?;
+            // SAFETY: read-only map of a file we do not modify; a concurrent truncation by
+            // another process is outside what a serving engine can defend against.
+            let mmap = unsafe { Mmap::map(&f) }.map_err(|e| file_err(&path, format!("cannot map: {e}")))?;
+            // read_metadata checks the header and that the data section covers every tensor.
+            let (n, meta) = SafeTensors::read_metadata(&mmap).map_err(|e| file_err(&path, format!("corrupt or truncated safetensors file: {e}")))?;
+            for (name, info) in meta.tensors() {
+                let entry = TensorEntry { shard: i, dtype: info.dtype, shape: info.shape.clone(), range: info.data_offsets };
+                if index.insert(name.clone(), entry).is_some() {
+                    return Err(file_err(&path, format!("tensor `{name}` appears in more than one shard")));
+                }
+            }
+            shards.push(Shard { path, mmap, data_start: 8 + n });
+        }
+        Ok(Checkpoint { shards, index, fp8_block })
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    pub fn tensor_names(&self) -> impl Iterator<Item = &str> {
+        self.index.keys().map(|s| s.as_str())
+    }
+
+    fn view(&self, name: &str) -> Result<(View<'_>, &Path)> {
+        let e = self.index.get(name).ok_or_else(|| CheckpointError::MissingTensor {
+            name: name.into(),
+            where_: format!("{} shard(s) searched, e.g. {}", self.shards.len(), self.shards[0].path.display()),
+        })?;
+        let shard = &self.shards[e.shard];
+        let data = &shard.mmap[shard.data_start + e.range.0..shard.data_start + e.range.1];
+        Ok((View { dtype: e.dtype, shape: &e.shape, data }, &shard.path))
+    }
+
+    fn float_dtype(name: &str, path: &Path, d: Dtype) -> Result<WeightDtype> {
+        match d {
+            Dtype::F32 => Ok(WeightDtype::F32),
+            Dtype::BF16 => Ok(WeightDtype::Bf16),
+            Dtype::F16 => Ok(WeightDtype::F16),
+            Dtype::F8_E4M3 => Ok(WeightDtype::Fp8E4M3),
+            other => Err(CheckpointError::Dtype { name: name.into(), file: path.display().to_string(), got: format!("{other:?}"), want: "expected bf16, f16, f32 or fp8 e4m3".into() }),
+        }
+    }
+
+    /// A 2-D weight `[rows, cols]`; fp8 weights come with their `<name>_scale_inv` block scales.
+    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<HostMatrix<'_>> {
+        let (v, path) = self.view(name)?;
+        if v.shape() != [rows, cols] {
+            return Err(CheckpointError::Shape { name: name.into(), file: path.display().to_string(), got: v.shape().to_vec(), want: vec![rows, cols] });
+        }
+        let dtype = Self::float_dtype(name, path, v.dtype())?;
+        let scales = if dtype == WeightDtype::Fp8E4M3 {
+            let (br, bc) = self.fp8_block.ok_or_else(|| CheckpointError::Dtype {
+                name: name.into(),
+                file: path.display().to_string(),
+                got: "F8_E4M3".into(),
+                want: "config.json has no quantization_config.weight_block_size for fp8 weights".into(),
+            })?;
+            let sname = format!("{}_scale_inv", name);
+            let grid = vec![rows.div_ceil(br), cols.div_ceil(bc)];
+            let scales = self.vector_shaped(&sname, &grid)?;
+            Some(BlockScales { block_rows: br, block_cols: bc, scales })
+        } else {
+            None
+        };
+        Ok(HostMatrix { name: name.into(), rows, cols, dtype, bytes: std::borrow::Cow::Borrowed(v.data()), scales })
+    }
+
+    /// A 1-D float tensor of `len` elements, as f32.
+    pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        self.vector_shaped(name, &[len])
+    }
+
+    fn vector_shaped(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let (v, path) = self.view(name)?;
+        if v.shape() != shape {
+            return Err(CheckpointError::Shape { name: name.into(), file: path.display().to_string(), got: v.shape().to_vec(), want: shape.to_vec() });
+        }
+        let dtype = Self::float_dtype(name, path, v.dtype())?;
+        if dtype == WeightDtype::Fp8E4M3 {
+            return Err(CheckpointError::Dtype { name: name.into(), file: path.display().to_string(), got: "F8_E4M3".into(), want: "norms, biases and scales must be bf16/f16/f32".into() });
+        }
+        Ok(weft_backend::dtype::vector_to_f32(dtype, v.data()))
+    }
+}

@@ -1,0 +1,123 @@
+//! The DeepSeek-V3 forward pass over a [`Backend`]: embedding, per layer RMSNorm → MLA
+//! (absorbed, over the paged latent cache) → RMSNorm → dense MLP or MoE, final norm, lm_head.
+//! One call runs a batch of tokens from any number of sequences (prefill chunks and decode
+//! tokens mixed); which cache slots and context each token sees is the caller's business.
+
+use crate::config::ModelConfig;
+use crate::weights::{FeedForward, LayerWeights, ModelWeights, QueryProj};
+use weft_backend::{AttnRow, Backend, KvLayout, Result, RopeParams, RouterConfig};
+
+/// One forward step's tokens. All slices have one entry per token.
+pub struct StepBatch<'a> {
+    pub tokens: &'a [u32],
+    pub positions: &'a [u32],
+    /// Pool slot (`page * page_size + offset`) where each token's latent is stored.
+    pub slots: &'a [u32],
+    /// What each token attends to (its sequence's pages, context up to and including itself).
+    pub attn: &'a [AttnRow<'a>],
+}
+
+/// A loaded model bound to its backend.
+pub struct DeepseekV3<B: Backend> {
+    pub cfg: ModelConfig,
+    pub weights: ModelWeights<B>,
+    pub backend: B,
+    rope: RopeParams,
+    router: RouterConfig,
+    scale: f32,
+}
+
+impl<B: Backend> DeepseekV3<B> {
+    pub fn new(cfg: ModelConfig, weights: ModelWeights<B>, backend: B) -> Self {
+        let (inv_freq, attention_factor) = cfg.rope_inv_freq();
+        let rope = RopeParams { inv_freq, attention_factor, interleaved: cfg.rope_interleave };
+        let router = RouterConfig {
+            n_experts: cfg.n_routed_experts,
+            top_k: cfg.num_experts_per_tok,
+            n_group: cfg.n_group,
+            topk_group: cfg.topk_group,
+            norm_topk_prob: cfg.norm_topk_prob,
+            routed_scaling_factor: cfg.routed_scaling_factor as f32,
+        };
+        let scale = cfg.softmax_scale() as f32;
+        DeepseekV3 { cfg, weights, backend, rope, router, scale }
+    }
+
+    /// The latent pool layout for `num_pages` pages of `page_size` tokens.
+    pub fn kv_layout(&self, num_pages: usize, page_size: usize) -> KvLayout {
+        KvLayout { layers: self.cfg.num_hidden_layers, num_pages, page_size, latent_dim: self.cfg.kv_lora_rank, rope_dim: self.cfg.qk_rope_head_dim }
+    }
+
+    /// Runs the decoder over `batch`, writing every token's latent into `pool`, and returns
+    /// the final-normed hidden states `[tokens, hidden]`.
+    pub fn forward_hidden(&self, pool: &mut B::KvPool, batch: &StepBatch<'_>) -> Result<B::Buf> {
+        let be = &self.backend;
+        let c = &self.cfg;
+        let eps = c.rms_norm_eps as f32;
+        let h = c.hidden_size;
+        let mut residual = be.embed(&self.weights.embed, batch.tokens)?;
+        let mut delta: Option<B::Buf> = None;
+        for (i, lw) in self.weights.layers.iter().enumerate() {
+            let x = match &delta {
+                None => be.rms_norm(&residual, h, &lw.input_layernorm, eps)?,
+                Some(d) => be.add_rms_norm(&mut residual, d, h, &lw.input_layernorm, eps)?,
+            };
+            let attn = self.attention(i, lw, &x, pool, batch)?;
+            let x = be.add_rms_norm(&mut residual, &attn, h, &lw.post_attention_layernorm, eps)?;
+            delta = Some(self.feed_forward(lw, &x)?);
+        }
+        match &delta {
+            Some(d) => be.add_rms_norm(&mut residual, d, h, &self.weights.norm, eps),
+            None => be.rms_norm(&residual, h, &self.weights.norm, eps),
+        }
+    }
+
+    /// `[rows, vocab]` logits of final-normed hidden states.
+    pub fn logits(&self, hidden: &B::Buf) -> Result<B::Buf> {
+        self.backend.linear(hidden, &self.weights.lm_head)
+    }
+
+    fn attention(&self, layer: usize, lw: &LayerWeights<B>, x: &B::Buf, pool: &mut B::KvPool, batch: &StepBatch<'_>) -> Result<B::Buf> {
+        let be = &self.backend;
+        let c = &self.cfg;
+        let a = &lw.attn;
+        let eps = c.rms_norm_eps as f32;
+        let heads = c.num_attention_heads;
+        let q = match &a.q {
+            QueryProj::Direct { q_proj } => be.linear(x, q_proj)?,
+            QueryProj::LoRA { q_a_proj, q_a_layernorm, q_b_proj } => {
+                let qa = be.linear(x, q_a_proj)?;
+                let qa = be.rms_norm(&qa, c.q_lora_rank.unwrap_or(0), q_a_layernorm, eps)?;
+                be.linear(&qa, q_b_proj)?
+            }
+        };
+        let (q_nope, q_pe) = be.mla_split_rope_q(&q, heads, c.qk_nope_head_dim, c.qk_rope_head_dim, batch.positions, &self.rope)?;
+        let q_lat = be.head_linear(&q_nope, heads, &a.w_uk_t)?;
+        let kv_a = be.linear(x, &a.kv_a_proj)?;
+        be.mla_store_kv(pool, layer, &kv_a, &a.kv_a_layernorm, eps, batch.positions, batch.slots, &self.rope)?;
+        let o_lat = be.mla_attention(pool, layer, &q_lat, &q_pe, heads, batch.attn, self.scale)?;
+        let o = be.head_linear(&o_lat, heads, &a.w_uv)?;
+        be.linear(&o, &a.o_proj)
+    }
+
+    fn feed_forward(&self, lw: &LayerWeights<B>, x: &B::Buf) -> Result<B::Buf> {
+        let be = &self.backend;
+        let mlp = |w: &weft_backend::ExpertWeights<B::Matrix>| -> Result<B::Buf> {
+            let gu = be.linear(x, &w.gate_up)?;
+            let hid = be.silu_mul(&gu, w.inter)?;
+            be.linear(&hid, &w.down)
+        };
+        match &lw.ffn {
+            FeedForward::Dense(w) => mlp(w),
+            FeedForward::Moe(m) => {
+                let logits = be.linear(x, &m.router)?;
+                let mut out = be.moe(x, &logits, &m.bias, &self.router, &m.experts)?;
+                if let Some(s) = &m.shared {
+                    let sh = mlp(s)?;
+                    be.add_inplace(&mut out, &sh)?;
+                }
+                Ok(out)
+            }
+        }
+    }
+}

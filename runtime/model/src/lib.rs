@@ -1,0 +1,69 @@
+//! DeepSeek-V3-family models (DeepSeek-V3/R1, Kimi-K2, Moonlight) as published on Hugging Face:
+//! configuration, checkpoint files, tokenizer and chat template, the forward graph over a
+//! [`weft_backend::Backend`], and a single-sequence reference generator.
+
+pub mod checkpoint;
+pub mod config;
+pub mod generate;
+pub mod graph;
+pub mod sampling;
+pub mod tokenizer;
+pub mod weights;
+
+pub use config::ModelConfig;
+pub use graph::{DeepseekV3, StepBatch};
+
+use std::path::{Path, PathBuf};
+use weft_backend::Backend;
+
+/// Every way opening a model directory can fail, each naming the file or tensor at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("model directory {0}: does not exist or is not a directory")]
+    NoDir(String),
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    #[error(transparent)]
+    Checkpoint(#[from] checkpoint::CheckpointError),
+    #[error(transparent)]
+    Load(#[from] weights::LoadError),
+    #[error(transparent)]
+    Tokenizer(#[from] tokenizer::TokenizerError),
+    #[error(transparent)]
+    Backend(#[from] weft_backend::BackendError),
+    #[error("{0}")]
+    Request(String),
+}
+
+/// A model directory opened and loaded onto a backend, with its tokenizer.
+pub struct LoadedModel<B: Backend> {
+    pub dir: PathBuf,
+    pub model: DeepseekV3<B>,
+    pub tokenizer: tokenizer::TextTokenizer,
+    pub defaults: tokenizer::GenerationDefaults,
+}
+
+impl<B: Backend> LoadedModel<B> {
+    pub fn open(dir: &Path, backend: B) -> Result<Self, ModelError> {
+        if !dir.is_dir() {
+            return Err(ModelError::NoDir(dir.display().to_string()));
+        }
+        let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
+        let tokenizer = tokenizer::TextTokenizer::from_dir(dir)?;
+        let defaults = tokenizer::GenerationDefaults::from_dir(dir)?;
+        let ck = checkpoint::Checkpoint::open(dir, cfg.fp8_block)?;
+        let weights = weights::ModelWeights::load(&ck, &cfg, &backend)?;
+        Ok(LoadedModel { dir: dir.to_path_buf(), model: DeepseekV3::new(cfg, weights, backend), tokenizer, defaults })
+    }
+
+    /// Stop token ids: generation_config's, else config.json's, else the tokenizer's EOS.
+    pub fn eos_ids(&self) -> Vec<u32> {
+        if !self.defaults.eos_token_ids.is_empty() {
+            return self.defaults.eos_token_ids.clone();
+        }
+        if !self.model.cfg.eos_token_ids.is_empty() {
+            return self.model.cfg.eos_token_ids.clone();
+        }
+        self.tokenizer.eos_token.as_deref().and_then(|t| self.tokenizer.token_to_id(t)).into_iter().collect()
+    }
+}
