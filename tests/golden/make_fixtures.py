@@ -6,11 +6,10 @@ Independent of weft: weights are random (fixed seeds), the reference is transfor
 implementation loading the published per-expert tensor names through from_pretrained.
 
     python3 tests/golden/make_fixtures.py            # writes tests/golden/<fixture>/
-    python3 tests/golden/make_fixtures.py --demo models/demo   # random-weight demo model
 
 Needs torch and transformers 5.x (any CPU or GPU machine; float64 runs on the CPU fine).
 """
-import argparse, json, math, os, shutil, sys, tempfile
+import json, math, os, shutil, sys, tempfile
 import torch
 from safetensors.torch import save_file
 
@@ -284,20 +283,7 @@ def build_fixture(name, cfg, seed, fp8_block=None, shards=1, long_prompt=0):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--demo", help="write a random-weight demo checkpoint to this directory instead")
-    args = ap.parse_args()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    if args.demo:
-        cfg = dict(BASE_KIMI_FP8, model_type="deepseek_v3", hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
-                   num_hidden_layers=2, num_attention_heads=4, kv_lora_rank=64, qk_nope_head_dim=16, qk_rope_head_dim=16,
-                   v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, vocab_size=1024)
-        os.makedirs(args.demo, exist_ok=True)
-        tok, bos, eos = make_tokenizer(args.demo, 1000)
-        json.dump({"bos_token_id": bos, "eos_token_id": eos, "do_sample": True, "temperature": 0.8, "top_p": 0.95},
-                  open(os.path.join(args.demo, "generation_config.json"), "w"))
-        write_checkpoint(args.demo, cfg, state_dict(cfg, 7))
-        return
     build_fixture("v3-qlora-yarn-groups", BASE_V3_YARN, seed=1, shards=2, long_prompt=300)
     build_fixture("kimi-fp8-partial-blocks", BASE_KIMI_FP8, seed=2, fp8_block=(128, 128))
 
