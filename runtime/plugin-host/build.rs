@@ -1,0 +1,30 @@
+//! Builds the guest plugins (`plugins/`, a separate wasm32-wasip2 workspace) so the host can
+//! embed the defaults and its tests can load the fault-injection plugins.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn main() {
+    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
+    let root = manifest.join("../..").canonicalize().unwrap();
+    let plugins = root.join("plugins");
+    let target_dir = root.join("target").join("plugins");
+    for p in ["plugins", "wit", "examples/custom-sampler"] {
+        println!("cargo:rerun-if-changed={}", root.join(p).display());
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(&plugins)
+        .args(["build", "--release", "--target", "wasm32-wasip2", "--target-dir"])
+        .arg(&target_dir);
+    // The outer build's flags and target are for the host, not for the guests.
+    for v in ["CARGO_ENCODED_RUSTFLAGS", "RUSTFLAGS", "CARGO_BUILD_TARGET", "CARGO_TARGET_DIR", "CARGO_BUILD_RUSTFLAGS", "RUSTC_WORKSPACE_WRAPPER", "CARGO_PRIMARY_PACKAGE"] {
+        cmd.env_remove(v);
+    }
+    let status = cmd.status().expect("running cargo to build the wasm32-wasip2 plugins");
+    if !status.success() {
+        panic!("building the plugins for wasm32-wasip2 failed (is the target installed? `rustup target add wasm32-wasip2`; rust-toolchain.toml asks for it)");
+    }
+    let out = target_dir.join("wasm32-wasip2/release");
+    println!("cargo:rustc-env=WEFT_PLUGIN_DIR={}", out.display());
+}
