@@ -1,0 +1,608 @@
+//! The step loop. Each step: drop aborted requests, ask the admission plugin what to admit,
+//! preempt or reject, plan the batch under the token budget (decodes first, then prefill
+//! chunks), make sure every token has a KV slot (preempting by recompute when the pool runs
+//! out), run one forward pass, sample every sequence that reached the end of its input through
+//! its sampler plugin version (one call per version), then stream tokens, publish full pages
+//! for prefix reuse and finish what stopped.
+
+use crate::detok::{Detokenizer, StopMatcher, StopOutcome};
+use crate::frontend;
+use crate::kv_pool::{chain_hash, PagePool};
+use crate::request::{Event, FinishReason, GenerationRequest};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use weft_backend::{AttnRow, Backend};
+use weft_model::sampling::{top_logprobs, uniform};
+use weft_model::{LoadedModel, StepBatch};
+use weft_plugin_host::{calls, native, Capacity, Decision, FailurePolicy, LoadedPlugin, PluginError, PluginKind, Registry, Running, SamplingPlan, Sequence, Waiting};
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub num_pages: usize,
+    pub page_size: usize,
+    /// Tokens per forward pass (decode tokens + prefill chunks).
+    pub token_budget: usize,
+    pub max_sequences: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig { num_pages: 512, page_size: 64, token_budget: 512, max_sequences: 64 }
+    }
+}
+
+/// A snapshot of the engine's state, refreshed every step (for /metrics and tests).
+#[derive(Clone, Debug, Default)]
+pub struct EngineStats {
+    pub running: usize,
+    pub waiting: usize,
+    pub free_pages: usize,
+    pub total_pages: usize,
+    pub cached_pages: usize,
+    pub prefix_hit_tokens: u64,
+    pub prefix_query_tokens: u64,
+    pub prompt_tokens: u64,
+    pub generated_tokens: u64,
+    pub steps: u64,
+    pub preemptions: u64,
+    pub finished: u64,
+    pub aborted: u64,
+    pub failed: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// The request itself is wrong (HTTP 400).
+    #[error("{0}")]
+    Invalid(String),
+    /// Admission refused it at arrival (HTTP 429 when `retry`, else 503).
+    #[error("{reason}")]
+    Rejected { reason: String, retry: bool },
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+struct Seq {
+    id: u64,
+    req: GenerationRequest,
+    tx: UnboundedSender<Event>,
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    computed: usize,
+    pages: Vec<u32>,
+    page_hashes: Vec<u64>,
+    plan: SamplingPlan,
+    native: bool,
+    plugin: Arc<LoadedPlugin>,
+    policy: FailurePolicy,
+    detok: Detokenizer,
+    stop: StopMatcher,
+    cached_tokens: usize,
+    arrival_ms: u64,
+}
+
+impl Seq {
+    fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+}
+
+enum Command {
+    Submit(Box<Seq>),
+    Shutdown,
+}
+
+/// A running engine. Dropping it (or `shutdown`) stops the step loop after in-flight requests.
+pub struct Engine {
+    tx: mpsc::Sender<Command>,
+    stats: Arc<Mutex<EngineStats>>,
+    next_id: AtomicU64,
+    registry: Arc<Registry>,
+    vocab: usize,
+    max_context: usize,
+    eos: Vec<u32>,
+    start: Instant,
+    handle: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Engine {
+    pub fn start<B: Backend>(model: LoadedModel<B>, registry: Arc<Registry>, cfg: EngineConfig) -> Result<Engine, PluginError> {
+        let (tx, rx) = mpsc::channel();
+        let stats = Arc::new(Mutex::new(EngineStats { total_pages: cfg.num_pages, free_pages: cfg.num_pages, ..Default::default() }));
+        let vocab = model.model.cfg.vocab_size;
+        let max_context = model.model.cfg.max_position_embeddings;
+        let eos = model.eos_ids();
+        let start = Instant::now();
+        let (s2, r2) = (stats.clone(), registry.clone());
+        let handle = std::thread::Builder::new()
+            .name("weft-step-loop".into())
+            .spawn(move || StepLoop::new(model, r2, cfg, s2).run(rx))
+            .map_err(|e| PluginError::Host(format!("step loop thread: {e}")))?;
+        Ok(Engine { tx, stats, next_id: AtomicU64::new(1), registry, vocab, max_context, eos, start, handle: Mutex::new(Some(handle)) })
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.stats.lock().unwrap().clone()
+    }
+
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+
+    pub fn max_context(&self) -> usize {
+        self.max_context
+    }
+
+    /// Validates and plans a request, checks admission at arrival, and queues it. Events
+    /// arrive on the returned receiver; dropping it aborts the request and frees its pages.
+    pub fn submit(&self, req: GenerationRequest) -> Result<(u64, UnboundedReceiver<Event>), SubmitError> {
+        let n = req.prompt.len();
+        if n == 0 {
+            return Err(SubmitError::Invalid("the prompt is empty".into()));
+        }
+        if let Some(bad) = req.prompt.iter().find(|&&t| t as usize >= self.vocab) {
+            return Err(SubmitError::Invalid(format!("prompt token id {bad} is outside the vocabulary (size {})", self.vocab)));
+        }
+        if n + req.max_tokens > self.max_context {
+            return Err(SubmitError::Invalid(format!("prompt ({n} tokens) + max_tokens ({}) exceeds the model's context length {}", req.max_tokens, self.max_context)));
+        }
+        let (plugin, policy) = self.registry.resolve(PluginKind::Sampler, req.sampler.as_deref()).map_err(|e| SubmitError::Invalid(e.to_string()))?;
+        let mut params = req.params.clone();
+        params.vocab_size = self.vocab as u32;
+        params.eos_tokens = self.eos.clone();
+        let (plan, native) = calls::configure(&plugin, policy, &params).map_err(|e| match e {
+            PluginError::Rejected(m) => SubmitError::Invalid(m),
+            other => SubmitError::Unavailable(other.to_string()),
+        })?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let arrival_ms = self.start.elapsed().as_millis() as u64;
+        let (adm, apol) = self.registry.resolve(PluginKind::Admission, None).map_err(|e| SubmitError::Unavailable(e.to_string()))?;
+        let w = Waiting { id, arrival_ms, prompt_tokens: n as u32, cached_prefix_tokens: 0, max_tokens: req.max_tokens as u32, priority: req.priority, tenant: req.tenant.clone() };
+        let queue = self.stats.lock().unwrap().waiting as u32;
+        if let Some(r) = calls::on_arrival(&adm, apol, &w, queue).map_err(|e| SubmitError::Unavailable(e.to_string()))? {
+            return Err(SubmitError::Rejected { reason: r.reason, retry: r.retry });
+        }
+        let (tx, rx) = unbounded_channel();
+        let seq = Seq {
+            id,
+            tokens: req.prompt.clone(),
+            prompt_len: n,
+            computed: 0,
+            pages: vec![],
+            page_hashes: vec![],
+            plan,
+            native,
+            plugin,
+            policy,
+            detok: Detokenizer::default(),
+            stop: StopMatcher::new(req.stop.clone()),
+            cached_tokens: 0,
+            arrival_ms,
+            req,
+            tx,
+        };
+        self.tx.send(Command::Submit(Box::new(seq))).map_err(|_| SubmitError::Unavailable("the engine has shut down".into()))?;
+        Ok((id, rx))
+    }
+
+    /// Stops accepting work, lets queued and running requests finish, and joins the loop.
+    pub fn shutdown(&self) {
+        let _ = self.tx.send(Command::Shutdown);
+        if let Some(h) = self.handle.lock().unwrap().take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+struct StepLoop<B: Backend> {
+    lm: LoadedModel<B>,
+    registry: Arc<Registry>,
+    cfg: EngineConfig,
+    kv: B::KvPool,
+    pool: PagePool,
+    waiting: VecDeque<Seq>,
+    running: Vec<Seq>,
+    stats: Arc<Mutex<EngineStats>>,
+    counters: EngineStats,
+    eos: Vec<u32>,
+}
+
+struct Work {
+    seq: usize,
+    start: usize,
+    n: usize,
+}
+
+impl<B: Backend> StepLoop<B> {
+    fn new(lm: LoadedModel<B>, registry: Arc<Registry>, cfg: EngineConfig, stats: Arc<Mutex<EngineStats>>) -> Self {
+        let layout = lm.model.kv_layout(cfg.num_pages, cfg.page_size);
+        let kv = lm.model.backend.alloc_kv_pool(layout).expect("allocating the KV pool at start-up");
+        let eos = lm.eos_ids();
+        StepLoop { pool: PagePool::new(cfg.num_pages, cfg.page_size), lm, registry, cfg, kv, waiting: VecDeque::new(), running: vec![], stats, counters: EngineStats::default(), eos }
+    }
+
+    fn run(mut self, rx: mpsc::Receiver<Command>) {
+        let mut shutting_down = false;
+        loop {
+            if self.waiting.is_empty() && self.running.is_empty() {
+                if shutting_down {
+                    return;
+                }
+                match rx.recv() {
+                    Ok(Command::Submit(s)) => self.waiting.push_back(*s),
+                    Ok(Command::Shutdown) | Err(_) => return,
+                }
+            }
+            while let Ok(cmd) = rx.try_recv() {
+                match cmd {
+                    Command::Submit(s) => self.waiting.push_back(*s),
+                    Command::Shutdown => shutting_down = true,
+                }
+            }
+            self.step();
+            self.publish_stats();
+        }
+    }
+
+    fn publish_stats(&mut self) {
+        let mut s = self.stats.lock().unwrap();
+        *s = EngineStats {
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            free_pages: self.pool.free_pages(),
+            total_pages: self.pool.capacity(),
+            cached_pages: self.pool.cached_pages(),
+            prefix_hit_tokens: self.pool.prefix_hit_tokens,
+            prefix_query_tokens: self.pool.prefix_query_tokens,
+            ..self.counters.clone()
+        };
+    }
+
+    fn fail(&mut self, seq: Seq, message: String, retry: bool, client_error: bool) {
+        self.pool.release_all(&seq.pages);
+        self.counters.failed += 1;
+        let _ = seq.tx.send(Event::Error { message, retry, client_error });
+    }
+
+    fn preempt(&mut self, i: usize) {
+        let mut s = self.running.remove(i);
+        self.pool.release_all(&s.pages);
+        s.pages.clear();
+        s.page_hashes.clear();
+        s.computed = 0;
+        self.counters.preemptions += 1;
+        tracing::debug!(request = s.id, "preempted (recompute)");
+        self.waiting.push_front(s);
+    }
+
+    fn step(&mut self) {
+        // 1. Aborted requests (client gone) free their pages at once.
+        let before = self.running.len() + self.waiting.len();
+        let mut dropped = vec![];
+        self.running.retain(|s| {
+            let keep = !s.tx.is_closed();
+            if !keep {
+                dropped.extend(s.pages.iter().copied());
+            }
+            keep
+        });
+        self.waiting.retain(|s| {
+            let keep = !s.tx.is_closed();
+            if !keep {
+                dropped.extend(s.pages.iter().copied());
+            }
+            keep
+        });
+        self.pool.release_all(&dropped);
+        self.counters.aborted += (before - self.running.len() - self.waiting.len()) as u64;
+
+        self.admit();
+        let work = self.plan_work();
+        if work.is_empty() {
+            if self.running.is_empty() && !self.waiting.is_empty() {
+                // Nothing runs and nothing can be admitted: the head request can never fit.
+                let s = self.waiting.pop_front().unwrap();
+                self.fail(s, "the request does not fit in the KV cache pool".into(), false, false);
+            }
+            return;
+        }
+        if let Err(e) = self.forward_and_sample(&work) {
+            let msg = format!("engine step failed: {e}");
+            tracing::error!("{msg}");
+            for s in std::mem::take(&mut self.running) {
+                self.fail(s, msg.clone(), false, false);
+            }
+        }
+        self.counters.steps += 1;
+    }
+
+    fn admit(&mut self) {
+        if self.waiting.is_empty() {
+            return;
+        }
+        let ps = self.cfg.page_size;
+        let waiting: Vec<Waiting> = self
+            .waiting
+            .iter()
+            .map(|s| Waiting { id: s.id, arrival_ms: s.arrival_ms, prompt_tokens: s.tokens.len() as u32, cached_prefix_tokens: 0, max_tokens: s.req.max_tokens as u32, priority: s.req.priority, tenant: s.req.tenant.clone() })
+            .collect();
+        let running: Vec<Running> = self.running.iter().map(|s| Running { id: s.id, tenant: s.req.tenant.clone(), priority: s.req.priority, context_tokens: s.tokens.len() as u32, pages: s.pages.len() as u32 }).collect();
+        let cap = Capacity { free_pages: self.pool.free_pages() as u32, total_pages: self.pool.capacity() as u32, page_size: ps as u32, token_budget: self.cfg.token_budget as u32, max_sequences: self.cfg.max_sequences as u32 };
+        let decision = match self.registry.resolve(PluginKind::Admission, None) {
+            Ok((p, pol)) => calls::schedule(&p, pol, &waiting, &running, cap).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "admission plugin failed; first-come-first-served this step");
+                native::schedule(&waiting, &running, &cap)
+            }),
+            Err(_) => native::schedule(&waiting, &running, &cap),
+        };
+        for id in &decision.preempt {
+            if let Some(i) = self.running.iter().position(|s| s.id == *id) {
+                self.preempt(i);
+            }
+        }
+        for r in decision.reject {
+            if let Some(i) = self.waiting.iter().position(|s| s.id == r.id) {
+                let s = self.waiting.remove(i).unwrap();
+                self.fail(s, r.reason, r.retry, false);
+            }
+        }
+        for id in decision.admit {
+            let Some(i) = self.waiting.iter().position(|s| s.id == id) else { continue };
+            let mut s = self.waiting.remove(i).unwrap();
+            // Reuse cached full pages, always leaving at least the last token to compute.
+            let max_pages = (s.tokens.len() - 1) / ps;
+            let (pages, hashes) = self.pool.lookup_prefix(&s.tokens, max_pages);
+            s.computed = pages.len() * ps;
+            if s.generated() == 0 {
+                s.cached_tokens = s.computed;
+                self.counters.prompt_tokens += s.prompt_len as u64;
+            }
+            s.pages = pages;
+            s.page_hashes = hashes;
+            self.running.push(s);
+        }
+    }
+
+    fn plan_work(&mut self) -> Vec<Work> {
+        let ps = self.cfg.page_size;
+        let mut budget = self.cfg.token_budget;
+        let mut order: Vec<usize> = (0..self.running.len()).collect();
+        // Decodes first (latency), then prefill chunks in admission order.
+        order.sort_by_key(|&i| (self.running[i].tokens.len() - self.running[i].computed > 1) as u8);
+        let mut work: Vec<Work> = vec![];
+        let mut ids: Vec<u64> = order.iter().map(|&i| self.running[i].id).collect();
+        let mut k = 0;
+        while k < ids.len() && budget > 0 {
+            let Some(i) = self.running.iter().position(|s| s.id == ids[k]) else {
+                k += 1;
+                continue;
+            };
+            let s = &self.running[i];
+            let n = (s.tokens.len() - s.computed).min(budget);
+            let need = (s.computed + n).div_ceil(ps).saturating_sub(s.pages.len());
+            let mut got = vec![];
+            while got.len() < need {
+                match self.pool.alloc() {
+                    Some(p) => got.push(p),
+                    None => break,
+                }
+            }
+            if got.len() < need {
+                self.pool.release_all(&got);
+                // Preempt the newest running request not already scheduled this step.
+                let scheduled: Vec<u64> = work.iter().map(|w| self.running[w.seq].id).collect();
+                let victim = (0..self.running.len()).rev().find(|&j| j != i && !scheduled.contains(&self.running[j].id));
+                match victim {
+                    Some(j) => {
+                        let vid = self.running[j].id;
+                        // Indices in `work` shift when an earlier entry is removed.
+                        for w in work.iter_mut() {
+                            if w.seq > j {
+                                w.seq -= 1;
+                            }
+                        }
+                        self.preempt(j);
+                        ids.retain(|&x| x != vid);
+                        continue; // retry the same request
+                    }
+                    None => {
+                        k += 1;
+                        continue;
+                    }
+                }
+            }
+            let s = &mut self.running[i];
+            s.pages.extend(got);
+            work.push(Work { seq: i, start: s.computed, n });
+            budget -= n;
+            k += 1;
+        }
+        work
+    }
+
+    fn forward_and_sample(&mut self, work: &[Work]) -> Result<(), String> {
+        let ps = self.cfg.page_size;
+        let total: usize = work.iter().map(|w| w.n).sum();
+        let (mut tokens, mut positions, mut slots) = (Vec::with_capacity(total), Vec::with_capacity(total), Vec::with_capacity(total));
+        let mut row_of: Vec<(usize, usize)> = vec![]; // (work index, row) of rows that yield a token
+        for (wi, w) in work.iter().enumerate() {
+            let s = &self.running[w.seq];
+            for p in w.start..w.start + w.n {
+                tokens.push(s.tokens[p]);
+                positions.push(p as u32);
+                slots.push(s.pages[p / ps] * ps as u32 + (p % ps) as u32);
+            }
+            if w.start + w.n == s.tokens.len() {
+                row_of.push((wi, tokens.len() - 1));
+            }
+        }
+        let attn: Vec<AttnRow> = work.iter().flat_map(|w| {
+            let s = &self.running[w.seq];
+            (w.start..w.start + w.n).map(move |p| AttnRow { block_table: &s.pages, ctx_len: p + 1 })
+        }).collect();
+        let model = &self.lm.model;
+        let batch = StepBatch { tokens: &tokens, positions: &positions, slots: &slots, attn: &attn };
+        let hidden = model.forward_hidden(&mut self.kv, &batch).map_err(|e| e.to_string())?;
+        let rows: Vec<u32> = row_of.iter().map(|&(_, r)| r as u32).collect();
+        let logits = if rows.is_empty() {
+            vec![]
+        } else {
+            let h = model.backend.gather_rows(&hidden, model.cfg.hidden_size, &rows).map_err(|e| e.to_string())?;
+            model.backend.download(&model.logits(&h).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?
+        };
+        drop(attn);
+        for w in work {
+            self.running[w.seq].computed = w.start + w.n;
+        }
+        let vocab = model.cfg.vocab_size;
+        // Sample every sequence that reached the end of its input.
+        let mut picks: Vec<(usize, Result<u32, String>, Option<Vec<(u32, f64)>>)> = vec![];
+        let mut groups: Vec<(Arc<LoadedPlugin>, FailurePolicy, Vec<(usize, Vec<f32>, Sequence)>)> = vec![];
+        for (k, &(wi, _)) in row_of.iter().enumerate() {
+            let si = work[wi].seq;
+            let s = &self.running[si];
+            let raw = &logits[k * vocab..(k + 1) * vocab];
+            let lp = s.req.logprobs.map(|n| top_logprobs(raw, n, None));
+            let mut row = raw.to_vec();
+            frontend::apply_plan(&mut row, &s.plan, &s.tokens, s.generated(), if s.req.ignore_eos { &[] } else { &self.eos });
+            let u = uniform(s.req.seed, s.tokens.len() as u64, 0);
+            if s.native {
+                let c = frontend::extract(&row, 0);
+                let t = match native::sample_candidates(&s.req.params, &c, u) {
+                    Decision::Token(t) => Ok(t),
+                    _ => Err("native sampler could not decide".to_string()),
+                };
+                picks.push((si, t, lp));
+                continue;
+            }
+            let cands = frontend::extract(&row, s.plan.candidates as usize);
+            let seq = Sequence { request_id: s.id, state: s.plan.state.clone(), candidates: cands, uniforms: vec![u], history: s.plan.wants_history.then(|| s.tokens[s.prompt_len..].to_vec()) };
+            match groups.iter_mut().find(|g| Arc::ptr_eq(&g.0, &s.plugin)) {
+                Some(g) => g.2.push((si, row, seq)),
+                None => groups.push((s.plugin.clone(), s.policy, vec![(si, row, seq)])),
+            }
+            picks.push((si, Err(String::new()), lp)); // placeholder, filled below
+        }
+        for (plugin, policy, mut members) in groups {
+            for _round in 0..4 {
+                if members.is_empty() {
+                    break;
+                }
+                let batch: Vec<Sequence> = members.iter().map(|m| m.2.clone()).collect();
+                let params: Vec<_> = members.iter().map(|m| &self.running[m.0].req.params).collect();
+                match calls::sample(&plugin, policy, &batch, &params, vocab as u32) {
+                    Ok(decisions) => {
+                        let mut again = vec![];
+                        for (m, d) in members.into_iter().zip(decisions) {
+                            match d {
+                                Decision::Token(t) => set_pick(&mut picks, m.0, Ok(t)),
+                                Decision::MoreCandidates(n) => again.push((m.0, m.1.clone(), Sequence { candidates: frontend::extract(&m.1, n as usize), ..m.2 })),
+                                Decision::FullVocabulary => again.push((m.0, m.1.clone(), Sequence { candidates: frontend::extract(&m.1, 0), ..m.2 })),
+                            }
+                        }
+                        members = again;
+                    }
+                    Err(e) => {
+                        for m in members.drain(..) {
+                            set_pick(&mut picks, m.0, Err(e.to_string()));
+                        }
+                    }
+                }
+            }
+            for m in members {
+                set_pick(&mut picks, m.0, Err("the sampler kept asking for more candidates".into()));
+            }
+        }
+        self.commit(picks);
+        Ok(())
+    }
+
+    /// Appends sampled tokens, publishes full pages, streams text, finishes what stopped.
+    fn commit(&mut self, picks: Vec<(usize, Result<u32, String>, Option<Vec<(u32, f64)>>)>) {
+        let ps = self.cfg.page_size;
+        let max_ctx = self.lm.model.cfg.max_position_embeddings;
+        let mut finished: Vec<(u64, Option<FinishReason>, Option<String>)> = vec![];
+        for (si, pick, lp) in picks {
+            let s = &mut self.running[si];
+            let tok = match pick {
+                Ok(t) => t,
+                Err(e) => {
+                    finished.push((s.id, None, Some(e)));
+                    continue;
+                }
+            };
+            s.tokens.push(tok);
+            self.counters.generated_tokens += 1;
+            // Publish pages whose tokens are all computed (the new token's KV comes next step).
+            while (s.page_hashes.len() + 1) * ps <= s.computed {
+                let i = s.page_hashes.len();
+                let parent = if i == 0 { 0 } else { s.page_hashes[i - 1] };
+                let h = chain_hash(parent, &s.tokens[i * ps..(i + 1) * ps]);
+                self.pool.publish(s.pages[i], h);
+                s.page_hashes.push(h);
+            }
+            let is_eos = !s.req.ignore_eos && self.eos.contains(&tok);
+            let stop_tok = s.req.stop_token_ids.contains(&tok);
+            let mut reason = None;
+            let mut text = String::new();
+            if is_eos || stop_tok {
+                reason = Some(FinishReason::Stop);
+            } else {
+                let delta = s.detok.step(&self.lm.tokenizer, &s.tokens[s.prompt_len..]);
+                match s.stop.push(&delta) {
+                    StopOutcome::Emit(t) => text = t,
+                    StopOutcome::Stopped(t) => {
+                        text = t;
+                        reason = Some(FinishReason::Stop);
+                    }
+                }
+            }
+            if reason.is_none() && (s.generated() >= s.req.max_tokens || s.tokens.len() >= max_ctx) {
+                reason = Some(FinishReason::Length);
+            }
+            let _ = s.tx.send(Event::Token { id: tok, text, logprobs: lp.map(|mut v| {
+                if !v.iter().any(|x| x.0 == tok) {
+                    v.push((tok, f64::NAN));
+                }
+                v
+            }) });
+            if reason.is_some() {
+                finished.push((s.id, reason, None));
+            }
+        }
+        for (id, reason, err) in finished {
+            let Some(i) = self.running.iter().position(|s| s.id == id) else { continue };
+            let mut s = self.running.remove(i);
+            match (reason, err) {
+                (Some(r), _) => {
+                    let tail = if r == FinishReason::Length { s.stop.flush() } else { String::new() };
+                    self.pool.release_all(&s.pages);
+                    self.counters.finished += 1;
+                    let _ = s.tx.send(Event::Finished { reason: r, prompt_tokens: s.prompt_len, completion_tokens: s.generated(), cached_tokens: s.cached_tokens, text_tail: tail });
+                }
+                (None, Some(e)) => self.fail(s, e, false, false),
+                (None, None) => unreachable!(),
+            }
+        }
+    }
+}
+
+fn set_pick(picks: &mut [(usize, Result<u32, String>, Option<Vec<(u32, f64)>>)], si: usize, v: Result<u32, String>) {
+    if let Some(p) = picks.iter_mut().find(|p| p.0 == si) {
+        p.1 = v;
+    }
+}
