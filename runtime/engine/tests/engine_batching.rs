@@ -17,7 +17,7 @@ fn demo() -> LoadedModel<CpuBackend> {
 }
 
 fn params(temperature: f32) -> SamplingParams {
-    SamplingParams { temperature, top_p: 1.0, top_k: 0, min_p: 0.0, typical_p: 1.0, repetition_penalty: 1.0, presence_penalty: 0.0, frequency_penalty: 0.0, logit_bias: vec![], banned_tokens: vec![], min_tokens: 0, vocab_size: 0, eos_tokens: vec![], extra: String::new() }
+    SamplingParams { temperature, ..weft_plugin_host::neutral_params(0) }
 }
 
 fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {

@@ -31,22 +31,7 @@ fn median(mut v: Vec<Duration>) -> Duration {
 fn main() {
     let reg = Registry::with_defaults(SandboxLimits { memory_bytes: 512 << 20, deadline: Duration::from_secs(5) }).unwrap();
     let (plugin, policy) = reg.resolve(PluginKind::Sampler, None).unwrap();
-    let params = SamplingParams {
-        temperature: 0.8,
-        top_p: 0.9,
-        top_k: 50,
-        min_p: 0.0,
-        typical_p: 1.0,
-        repetition_penalty: 1.0,
-        presence_penalty: 0.0,
-        frequency_penalty: 0.0,
-        logit_bias: vec![],
-        banned_tokens: vec![],
-        min_tokens: 0,
-        vocab_size: 163_840,
-        eos_tokens: vec![],
-        extra: String::new(),
-    };
+    let params = SamplingParams { temperature: 0.8, top_p: 0.9, top_k: 50, ..weft_plugin_host::neutral_params(163_840) };
     let (plan, _) = calls::configure(&plugin, policy, &params).unwrap();
     println!("default sampler plugin vs native, policy: temperature 0.8, top-k 50, top-p 0.9 (vocab 163840)");
     println!("{:>6} {:>7} | {:>12} {:>10} | {:>12} {:>10} | {:>8} {:>13}", "batch", "K", "plugin/step", "per seq", "native/step", "per seq", "ratio", "added/step");

@@ -14,6 +14,26 @@ pub mod admission {
 
 pub use sampler::exports::weft::plugin::sampler::{Decision, SamplingParams, SamplingPlan, StepBatch};
 
+/// Parameters that ask for nothing: temperature 1, no truncation, no penalties.
+pub fn neutral_params(vocab_size: u32) -> SamplingParams {
+    SamplingParams {
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: 0,
+        min_p: 0.0,
+        typical_p: 1.0,
+        repetition_penalty: 1.0,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
+        logit_bias: vec![],
+        banned_tokens: vec![],
+        min_tokens: 0,
+        vocab_size,
+        eos_tokens: vec![],
+        extra: String::new(),
+    }
+}
+
 /// One sequence of a sampling step as the engine hands it over; flattened into a
 /// [`StepBatch`] for the call.
 #[derive(Clone, Debug, PartialEq)]

@@ -11,7 +11,7 @@ pub mod native;
 pub mod plugin;
 pub mod registry;
 
-pub use bindings::{Candidates, Capacity, Decision, DraftStep, PluginInfo, Rejection, Running, SamplingParams, SamplingPlan, ScheduleDecision, Sequence, Verdict, Waiting};
+pub use bindings::{neutral_params, Candidates, Capacity, Decision, DraftStep, PluginInfo, Rejection, Running, SamplingParams, SamplingPlan, ScheduleDecision, Sequence, Verdict, Waiting};
 pub use engine::{PluginEngine, SandboxLimits};
 pub use plugin::{LoadedPlugin, PluginId, PluginStats};
 pub use registry::{PluginSummary, Registry, VersionSummary};

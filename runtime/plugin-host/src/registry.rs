@@ -54,22 +54,7 @@ pub struct Registry {
 
 /// Synthetic inputs for the self-check a plugin must pass before activation.
 fn probe_params() -> SamplingParams {
-    SamplingParams {
-        temperature: 0.7,
-        top_p: 0.9,
-        top_k: 0,
-        min_p: 0.0,
-        typical_p: 1.0,
-        repetition_penalty: 1.0,
-        presence_penalty: 0.0,
-        frequency_penalty: 0.0,
-        logit_bias: vec![],
-        banned_tokens: vec![],
-        min_tokens: 0,
-        vocab_size: 16,
-        eos_tokens: vec![0],
-        extra: "{}".into(),
-    }
+    SamplingParams { temperature: 0.7, top_p: 0.9, eos_tokens: vec![0], extra: "{}".into(), ..bindings::neutral_params(16) }
 }
 
 fn probe_candidates() -> Candidates {

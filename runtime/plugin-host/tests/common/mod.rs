@@ -33,22 +33,7 @@ impl Rng {
 }
 
 pub fn params() -> SamplingParams {
-    SamplingParams {
-        temperature: 1.0,
-        top_p: 1.0,
-        top_k: 0,
-        min_p: 0.0,
-        typical_p: 1.0,
-        repetition_penalty: 1.0,
-        presence_penalty: 0.0,
-        frequency_penalty: 0.0,
-        logit_bias: vec![],
-        banned_tokens: vec![],
-        min_tokens: 0,
-        vocab_size: 0,
-        eos_tokens: vec![],
-        extra: String::new(),
-    }
+    weft_plugin_host::neutral_params(0)
 }
 
 /// Top-`k` candidates (0 = all) of `logits` sorted descending, ties by id, with the
