@@ -8,7 +8,7 @@
 use crate::detok::{Detokenizer, StopMatcher, StopOutcome};
 use crate::frontend;
 use crate::kv_pool::{chain_hash, PagePool};
-use crate::request::{Event, FinishReason, GenerationRequest};
+use crate::request::{ErrorKind, Event, FinishReason, GenerationRequest};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use weft_backend::{AttnRow, Backend};
-use weft_model::sampling::{top_logprobs, uniform};
+use weft_model::sampling::{logsumexp, top_logprobs, uniform};
 use weft_model::{LoadedModel, StepBatch};
 use weft_plugin_host::{calls, native, Capacity, Decision, FailurePolicy, LoadedPlugin, PluginError, PluginKind, Registry, Running, SamplingPlan, Sequence, Waiting};
 
@@ -127,6 +127,11 @@ impl Engine {
 
     pub fn stats(&self) -> EngineStats {
         self.stats.lock().unwrap().clone()
+    }
+
+    /// Whether the step loop is alive (false after shutdown or if it died).
+    pub fn is_running(&self) -> bool {
+        self.handle.lock().unwrap().as_ref().is_some_and(|h| !h.is_finished())
     }
 
     pub fn registry(&self) -> &Arc<Registry> {
@@ -272,10 +277,10 @@ impl<B: Backend> StepLoop<B> {
         };
     }
 
-    fn fail(&mut self, seq: Seq, message: String, retry: bool, client_error: bool) {
+    fn fail(&mut self, seq: Seq, message: String, kind: ErrorKind) {
         self.pool.release_all(&seq.pages);
         self.counters.failed += 1;
-        let _ = seq.tx.send(Event::Error { message, retry, client_error });
+        let _ = seq.tx.send(Event::Error { message, kind });
     }
 
     fn preempt(&mut self, i: usize) {
@@ -316,7 +321,8 @@ impl<B: Backend> StepLoop<B> {
             if self.running.is_empty() && !self.waiting.is_empty() {
                 // Nothing runs and nothing can be admitted: the head request can never fit.
                 let s = self.waiting.pop_front().unwrap();
-                self.fail(s, "the request does not fit in the KV cache pool".into(), false, false);
+                let msg = format!("the request needs more KV cache than the whole pool holds ({} pages of {} tokens)", self.pool.capacity(), self.cfg.page_size);
+                self.fail(s, msg, ErrorKind::TooLarge);
             }
             return;
         }
@@ -324,7 +330,7 @@ impl<B: Backend> StepLoop<B> {
             let msg = format!("engine step failed: {e}");
             tracing::error!("{msg}");
             for s in std::mem::take(&mut self.running) {
-                self.fail(s, msg.clone(), false, false);
+                self.fail(s, msg.clone(), ErrorKind::Internal);
             }
         }
         self.counters.steps += 1;
@@ -357,7 +363,7 @@ impl<B: Backend> StepLoop<B> {
         for r in decision.reject {
             if let Some(i) = self.waiting.iter().position(|s| s.id == r.id) {
                 let s = self.waiting.remove(i).unwrap();
-                self.fail(s, r.reason, r.retry, false);
+                self.fail(s, r.reason, if r.retry { ErrorKind::Overloaded } else { ErrorKind::Unavailable });
             }
         }
         for id in decision.admit {
@@ -470,13 +476,14 @@ impl<B: Backend> StepLoop<B> {
         }
         let vocab = model.cfg.vocab_size;
         // Sample every sequence that reached the end of its input.
-        let mut picks: Vec<(usize, Result<u32, String>, Option<Vec<(u32, f64)>>)> = vec![];
+        let mut picks: Vec<Pick> = vec![];
         let mut groups: Vec<(Arc<LoadedPlugin>, FailurePolicy, Vec<(usize, Vec<f32>, Sequence)>)> = vec![];
         for (k, &(wi, _)) in row_of.iter().enumerate() {
             let si = work[wi].seq;
             let s = &self.running[si];
             let raw = &logits[k * vocab..(k + 1) * vocab];
-            let lp = s.req.logprobs.map(|n| top_logprobs(raw, n, None));
+            // Log-probabilities are reported under the model's raw distribution (vLLM's default).
+            let lp = s.req.logprobs.map(|n| (k, top_logprobs(raw, n, None)));
             let mut row = raw.to_vec();
             frontend::apply_plan(&mut row, &s.plan, &s.tokens, s.generated(), if s.req.ignore_eos { &[] } else { &self.eos });
             let u = uniform(s.req.seed, s.tokens.len() as u64, 0);
@@ -486,7 +493,7 @@ impl<B: Backend> StepLoop<B> {
                     Decision::Token(t) => Ok(t),
                     _ => Err("native sampler could not decide".to_string()),
                 };
-                picks.push((si, t, lp));
+                picks.push(Pick { si, tok: t, lp });
                 continue;
             }
             let cands = frontend::extract(&row, s.plan.candidates as usize);
@@ -495,7 +502,7 @@ impl<B: Backend> StepLoop<B> {
                 Some(g) => g.2.push((si, row, seq)),
                 None => groups.push((s.plugin.clone(), s.policy, vec![(si, row, seq)])),
             }
-            picks.push((si, Err(String::new()), lp)); // placeholder, filled below
+            picks.push(Pick { si, tok: Err(String::new()), lp }); // placeholder, filled below
         }
         for (plugin, policy, mut members) in groups {
             for _round in 0..4 {
@@ -527,16 +534,16 @@ impl<B: Backend> StepLoop<B> {
                 set_pick(&mut picks, m.0, Err("the sampler kept asking for more candidates".into()));
             }
         }
-        self.commit(picks);
+        self.commit(picks, &logits, vocab);
         Ok(())
     }
 
     /// Appends sampled tokens, publishes full pages, streams text, finishes what stopped.
-    fn commit(&mut self, picks: Vec<(usize, Result<u32, String>, Option<Vec<(u32, f64)>>)>) {
+    fn commit(&mut self, picks: Vec<Pick>, logits: &[f32], vocab: usize) {
         let ps = self.cfg.page_size;
         let max_ctx = self.lm.model.cfg.max_position_embeddings;
         let mut finished: Vec<(u64, Option<FinishReason>, Option<String>)> = vec![];
-        for (si, pick, lp) in picks {
+        for Pick { si, tok: pick, lp } in picks {
             let s = &mut self.running[si];
             let tok = match pick {
                 Ok(t) => t,
@@ -574,12 +581,14 @@ impl<B: Backend> StepLoop<B> {
             if reason.is_none() && (s.generated() >= s.req.max_tokens || s.tokens.len() >= max_ctx) {
                 reason = Some(FinishReason::Length);
             }
-            let _ = s.tx.send(Event::Token { id: tok, text, logprobs: lp.map(|mut v| {
-                if !v.iter().any(|x| x.0 == tok) {
-                    v.push((tok, f64::NAN));
+            let (logprob, top_logprobs) = match lp {
+                Some((k, top)) => {
+                    let raw = &logits[k * vocab..(k + 1) * vocab];
+                    (Some(raw[tok as usize] as f64 - logsumexp(raw)), Some(top))
                 }
-                v
-            }) });
+                None => (None, None),
+            };
+            let _ = s.tx.send(Event::Token { id: tok, text, logprob, top_logprobs });
             if reason.is_some() {
                 finished.push((s.id, reason, None));
             }
@@ -594,15 +603,23 @@ impl<B: Backend> StepLoop<B> {
                     self.counters.finished += 1;
                     let _ = s.tx.send(Event::Finished { reason: r, prompt_tokens: s.prompt_len, completion_tokens: s.generated(), cached_tokens: s.cached_tokens, text_tail: tail });
                 }
-                (None, Some(e)) => self.fail(s, e, false, false),
+                (None, Some(e)) => self.fail(s, e, ErrorKind::Internal),
                 (None, None) => unreachable!(),
             }
         }
     }
 }
 
-fn set_pick(picks: &mut [(usize, Result<u32, String>, Option<Vec<(u32, f64)>>)], si: usize, v: Result<u32, String>) {
-    if let Some(p) = picks.iter_mut().find(|p| p.0 == si) {
-        p.1 = v;
+/// One sequence's sampling outcome this step; `lp` is (logits row, top-N) when it asked for
+/// log-probabilities.
+struct Pick {
+    si: usize,
+    tok: Result<u32, String>,
+    lp: Option<(usize, Vec<(u32, f64)>)>,
+}
+
+fn set_pick(picks: &mut [Pick], si: usize, v: Result<u32, String>) {
+    if let Some(p) = picks.iter_mut().find(|p| p.si == si) {
+        p.tok = v;
     }
 }

@@ -9,5 +9,5 @@ pub mod frontend;
 pub mod kv_pool;
 pub mod request;
 
-pub use engine::{Engine, EngineConfig, EngineStats};
-pub use request::{Event, FinishReason, GenerationRequest};
+pub use engine::{Engine, EngineConfig, EngineStats, SubmitError};
+pub use request::{ErrorKind, Event, FinishReason, GenerationRequest};

@@ -39,8 +39,23 @@ impl FinishReason {
 pub enum Event {
     /// One generated token and the text it completed (possibly empty while a character or a
     /// possible stop string is pending).
-    Token { id: u32, text: String, logprobs: Option<Vec<(u32, f64)>> },
+    /// `logprob` (the token's own, under the raw model distribution) and `top_logprobs` are
+    /// present when the request asked for log-probabilities.
+    Token { id: u32, text: String, logprob: Option<f64>, top_logprobs: Option<Vec<(u32, f64)>> },
     Finished { reason: FinishReason, prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize, text_tail: String },
-    /// The request failed; `retry` distinguishes overload (429) from unavailability (503).
-    Error { message: String, retry: bool, client_error: bool },
+    /// The request failed after it was queued.
+    Error { message: String, kind: ErrorKind },
+}
+
+/// Why a queued request failed; the server maps each to an HTTP status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Admission turned it away for now; retrying later may succeed (429).
+    Overloaded,
+    /// Admission refused it for good, or the engine is going away (503).
+    Unavailable,
+    /// It can never fit in the KV pool (413).
+    TooLarge,
+    /// A plugin with the `fail` policy faulted, or a forward pass failed (500).
+    Internal,
 }

@@ -76,7 +76,7 @@ pub struct LoadedPlugin {
     pre: Pre,
     pool: Mutex<Vec<Instance>>,
     /// Operator options passed to an admission plugin's `configure` on every new instance.
-    options: String,
+    pub(crate) options: String,
     pub stats: PluginStats,
 }
 

@@ -172,6 +172,11 @@ impl Registry {
             if slot.versions[i].id.sha256 != id.sha256 {
                 return Err(PluginError::Conflict(format!("{} is already loaded with different bytes (sha256 {}); bump the version", id, slot.versions[i].id.sha256)));
             }
+            if slot.versions[i].options != p.options {
+                // Same bytes, new operator options: a fresh entry (requests bound to the old
+                // one keep it until they finish).
+                slot.versions[i] = p;
+            }
             Self::switch(slot, i);
         } else {
             slot.versions.push(p);
