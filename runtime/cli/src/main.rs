@@ -1,6 +1,9 @@
 //! The `weft` binary: parses the command line and dispatches. No engine logic lives here.
 
+mod bench;
 mod generate;
+mod plugin;
+mod serve;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -14,8 +17,21 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the OpenAI-compatible API (default: the bundled demo model on 127.0.0.1:8000).
+    Serve(serve::ServeArgs),
+    /// Manage the plugins of a running server through its admin API.
+    Plugin(plugin::PluginArgs),
+    /// Benchmarks (`weft bench serve` drives an OpenAI-compatible endpoint).
+    #[command(subcommand)]
+    Bench(BenchCmd),
     /// Generate a continuation of one prompt and print it (or JSON with --json).
     Generate(generate::GenerateArgs),
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// Load-test a running server: TTFT, TPOT, ITL, e2e percentiles and tokens/s per concurrency.
+    Serve(bench::BenchServeArgs),
 }
 
 /// The demo checkpoint shipped in the repository, used when no `--model` is given.
@@ -28,11 +44,14 @@ pub fn default_model_dir() -> PathBuf {
 
 fn main() {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG").unwrap_or_else(|_| "warn,weft_server=info".into()))
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
     let res = match cli.cmd {
+        Command::Serve(a) => serve::run(a),
+        Command::Plugin(a) => plugin::run(a),
+        Command::Bench(BenchCmd::Serve(a)) => bench::run(a),
         Command::Generate(a) => generate::run(a),
     };
     if let Err(e) = res {

@@ -1,0 +1,121 @@
+//! `weft serve`: loads a model (the bundled demo when none is given), starts the engine with
+//! the default plugins (plus any in `--plugin-dir`, watched for changes) and serves the
+//! OpenAI-compatible API until SIGTERM or Ctrl-C, then drains and exits 0.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use weft_backend::cpu::CpuBackend;
+use weft_engine::{Engine, EngineConfig};
+use weft_model::tokenizer::TextTokenizer;
+use weft_model::LoadedModel;
+use weft_plugin_host::{Registry, SandboxLimits};
+use weft_server::{AppState, ServerConfig};
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Model directory in the Hugging Face layout (default: the bundled demo model).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// TCP port (0 picks a free one; the address is printed on stdout).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// The `model` name clients use (default: the model directory's name).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// KV cache pool size in pages.
+    #[arg(long, default_value_t = 512)]
+    num_pages: usize,
+    /// Tokens per KV page.
+    #[arg(long, default_value_t = 64)]
+    page_size: usize,
+    /// Tokens per forward pass (decodes plus prefill chunks).
+    #[arg(long, default_value_t = 512)]
+    token_budget: usize,
+    /// Sequences running at once.
+    #[arg(long, default_value_t = 64)]
+    max_sequences: usize,
+    /// Bearer token of the admin API (disabled when unset).
+    #[arg(long, env = "WEFT_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
+    /// Load every *.wasm plugin in this directory at start and reload on change.
+    #[arg(long)]
+    plugin_dir: Option<PathBuf>,
+    /// Request body limit in bytes for the OpenAI routes.
+    #[arg(long, default_value_t = 4 << 20)]
+    max_body_bytes: usize,
+    /// Memory cap of one plugin instance, MiB.
+    #[arg(long, default_value_t = 64)]
+    plugin_memory_mib: usize,
+    /// Deadline of one plugin call, milliseconds.
+    #[arg(long, default_value_t = 50)]
+    plugin_deadline_ms: u64,
+    /// After SIGTERM, how long in-flight requests may run before they are aborted.
+    #[arg(long, default_value_t = 30)]
+    shutdown_grace_secs: u64,
+    /// Compute backend: cpu (the only one built in this binary so far) or auto.
+    #[arg(long, default_value = "auto")]
+    backend: String,
+}
+
+pub fn run(a: ServeArgs) -> Result<()> {
+    if !matches!(a.backend.as_str(), "cpu" | "auto") {
+        bail!("--backend {}: this build has only the cpu backend", a.backend);
+    }
+    if a.page_size == 0 || a.num_pages == 0 || a.token_budget == 0 || a.max_sequences == 0 {
+        bail!("--num-pages, --page-size, --token-budget and --max-sequences must all be at least 1");
+    }
+    let dir = a.model.clone().unwrap_or_else(crate::default_model_dir);
+    let name = a.served_model_name.clone().unwrap_or_else(|| std::fs::canonicalize(&dir).ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())).unwrap_or_else(|| "weft".into()));
+    let lm = LoadedModel::open(&dir, CpuBackend::new()).with_context(|| format!("loading model from {}", dir.display()))?;
+    let tokenizer = Arc::new(TextTokenizer::from_dir(&dir)?);
+    let defaults = lm.defaults.clone();
+    let limits = SandboxLimits { memory_bytes: a.plugin_memory_mib << 20, deadline: Duration::from_millis(a.plugin_deadline_ms) };
+    let registry = Arc::new(Registry::with_defaults(limits).context("loading the default plugins")?);
+    if let Some(pd) = &a.plugin_dir {
+        if !pd.is_dir() {
+            bail!("--plugin-dir {}: not a directory", pd.display());
+        }
+        for (p, e) in registry.scan_dir(pd, &mut Default::default()) {
+            eprintln!("warning: plugin {} not loaded: {e}", p.display());
+        }
+        registry.watch_dir(pd.clone(), Duration::from_secs(2));
+    }
+    let cfg = EngineConfig { num_pages: a.num_pages, page_size: a.page_size, token_budget: a.token_budget, max_sequences: a.max_sequences };
+    let engine = Arc::new(Engine::start(lm, registry, cfg)?);
+    let server_cfg = ServerConfig { model_name: name.clone(), max_body_bytes: a.max_body_bytes, admin_token: a.admin_token.clone().filter(|t| !t.is_empty()), ..Default::default() };
+    let admin = if server_cfg.admin_token.is_some() { "on" } else { "off (set --admin-token)" };
+    let state = Arc::new(AppState::new(engine.clone(), tokenizer, defaults, server_cfg));
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get().min(4))).enable_all().build()?;
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port)).await.with_context(|| format!("binding {}:{}", a.host, a.port))?;
+        let addr = listener.local_addr()?;
+        println!("weft: serving `{name}` on http://{addr} (cpu backend, {} KV pages of {} tokens, admin API {admin})", a.num_pages, a.page_size);
+        use std::io::Write;
+        std::io::stdout().flush()?;
+        weft_server::serve(listener, state, shutdown_signal(), Duration::from_secs(a.shutdown_grace_secs)).await?;
+        anyhow::Ok(())
+    })?;
+    rt.shutdown_timeout(Duration::from_secs(1));
+    engine.shutdown();
+    println!("weft: stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("installing the SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

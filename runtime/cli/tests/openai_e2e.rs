@@ -1,0 +1,150 @@
+//! The server end to end over real HTTP: starts `weft serve` on the demo model and runs the
+//! Python suite in `tests/e2e` with the official `openai` client (installed by
+//! `scripts/setup-e2e.sh` into `.venv-e2e`): completions and chat, streaming, `n`, stop
+//! strings, seeds, logprobs, greedy output identical to `weft generate`, the bad-input table,
+//! the admin API, prefix caching, and 64 concurrent streams with disconnects and a plugin
+//! swap. Then SIGTERM with a stream in flight: the stream completes and the server exits 0.
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const TOKEN: &str = "e2e-admin-token";
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+/// Kills the server if a test fails before it shut it down.
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(extra: &[&str]) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["serve", "--port", "0", "--admin-token", TOKEN, "--num-pages", "256"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    let addr = line.split("http://").nth(1).and_then(|s| s.split_whitespace().next()).unwrap_or_else(|| panic!("no address in {line:?}")).to_string();
+    Server { child, addr }
+}
+
+fn generate(args: &[&str]) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_weft")).arg("generate").args(args).args(["--json", "--temperature", "0", "--ignore-eos"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn python() -> String {
+    let out = Command::new("bash").arg(root().join("scripts/setup-e2e.sh")).output().expect("running scripts/setup-e2e.sh");
+    assert!(out.status.success(), "scripts/setup-e2e.sh failed (it installs the openai client from PyPI):\n{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+#[test]
+fn openai_client_suite_against_a_live_server() {
+    let py = python();
+    // References from `weft generate` (the single-sequence reference path).
+    let mut completions = vec![];
+    for (prompt, n) in [("A fool and his money", "24"), ("Q: Why did the chicken cross the road?\nA:", "20")] {
+        let mut v = generate(&["--prompt", prompt, "--max-tokens", n]);
+        v["prompt"] = json!(prompt);
+        completions.push(v);
+    }
+    let mut chat = generate(&["--prompt", "Tell me my fortune.", "--chat", "--max-tokens", "16"]);
+    chat["prompt"] = json!("Tell me my fortune.");
+    let refs = std::env::temp_dir().join(format!("weft-e2e-refs-{}.json", std::process::id()));
+    std::fs::write(&refs, json!({"completions": completions, "chat": chat}).to_string()).unwrap();
+
+    let server = start(&[]);
+    let status = Command::new(&py)
+        .args(["-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "tests/e2e"])
+        .current_dir(root())
+        .env("WEFT_URL", format!("http://{}", server.addr))
+        .env("WEFT_ADMIN_TOKEN", TOKEN)
+        .env("WEFT_MODEL", "demo")
+        .env("WEFT_PLUGIN_DIR", weft_plugin_host::built_plugin_dir())
+        .env("WEFT_GREEDY_REF", &refs)
+        .status()
+        .unwrap();
+    let _ = std::fs::remove_file(&refs);
+    assert!(status.success(), "the Python end-to-end suite failed (output above)");
+}
+
+fn http_post_stream(addr: &str, body: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(s, "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    s
+}
+
+#[test]
+fn sigterm_lets_in_flight_streams_finish_then_exits_zero() {
+    let mut server = start(&["--shutdown-grace-secs", "60"]);
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 150, "temperature": 0, "stream": true, "ignore_eos": true}).to_string();
+    let mut s = http_post_stream(&server.addr, &body);
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    // Wait for the first event: the request is in flight.
+    let mut got = vec![];
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("data: ") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "connection closed early: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    let t = Instant::now();
+    let kill = Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    loop {
+        let n = s.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.contains("\"finish_reason\":\"length\""), "the in-flight stream did not finish: {text}");
+    assert!(text.contains("data: [DONE]"), "{text}");
+    // New connections are refused once shutdown began.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(st) = server.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "the server did not exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "exit status after SIGTERM: {status:?}");
+    assert!(TcpStream::connect(&server.addr).is_err(), "still accepting after exit");
+    eprintln!("SIGTERM → in-flight stream finished and the server exited 0 in {:.2}s", t.elapsed().as_secs_f64());
+}
+
+#[test]
+fn sigterm_grace_period_aborts_what_is_left() {
+    let mut server = start(&["--shutdown-grace-secs", "1"]);
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 1900, "temperature": 0, "stream": true, "ignore_eos": true}).to_string();
+    let mut s = http_post_stream(&server.addr, &body);
+    let mut buf = [0u8; 4096];
+    let n = s.read(&mut buf).unwrap();
+    assert!(n > 0);
+    let t = Instant::now();
+    Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap();
+    let status = server.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(t.elapsed() < Duration::from_secs(20), "took {:?}", t.elapsed());
+}
