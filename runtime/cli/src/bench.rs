@@ -1,0 +1,226 @@
+//! `weft bench serve`: drives any OpenAI-compatible completions endpoint (weft, vLLM, SGLang)
+//! with random-token prompts of fixed input/output lengths (`ignore_eos` so lengths hold) at
+//! each max-concurrency of a sweep, and reports request and token throughput with mean /
+//! median / p99 TTFT, TPOT, ITL and end-to-end latency, as a table and as JSON.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Args)]
+pub struct BenchServeArgs {
+    /// The server's base URL.
+    #[arg(long, default_value = "http://127.0.0.1:8000")]
+    url: String,
+    /// Model name (default: the first one /v1/models lists).
+    #[arg(long)]
+    model: Option<String>,
+    /// Prompt length in tokens.
+    #[arg(long, default_value_t = 1024)]
+    input_len: usize,
+    /// Generated tokens per request.
+    #[arg(long, default_value_t = 400)]
+    output_len: usize,
+    /// Max concurrent requests; a comma-separated list runs a sweep.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    concurrency: Vec<usize>,
+    /// Requests per concurrency level (default: 4 × the concurrency, at least 8).
+    #[arg(long)]
+    num_prompts: Option<usize>,
+    /// Prompt token ids are drawn uniformly from [100, vocab-size).
+    #[arg(long, default_value_t = 2000)]
+    vocab_size: u32,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// GPUs serving the endpoint (for tokens/s per GPU).
+    #[arg(long)]
+    gpus: Option<f64>,
+    /// Price of one GPU-hour in dollars (for tokens per dollar).
+    #[arg(long)]
+    price_per_gpu_hour: Option<f64>,
+    /// Also write the results as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+struct Record {
+    ok: bool,
+    error: Option<String>,
+    ttft: f64,
+    e2e: f64,
+    itl: Vec<f64>,
+    out_tokens: usize,
+    in_tokens: usize,
+}
+
+fn splitmix(x: &mut u64) -> u64 {
+    *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *x;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn one_request(agent: &ureq::Agent, url: &str, body: &Value, in_tokens: usize) -> Record {
+    let t0 = Instant::now();
+    let mut rec = Record { ok: false, error: None, ttft: 0.0, e2e: 0.0, itl: vec![], out_tokens: 0, in_tokens };
+    let resp = match agent.post(&format!("{url}/v1/completions")).send_json(body.clone()) {
+        Ok(r) => r,
+        Err(ureq::Error::Status(code, r)) => {
+            rec.error = Some(format!("HTTP {code}: {}", r.into_string().unwrap_or_default()));
+            return rec;
+        }
+        Err(e) => {
+            rec.error = Some(e.to_string());
+            return rec;
+        }
+    };
+    let mut last: Option<Instant> = None;
+    let mut usage_tokens = None;
+    for line in BufReader::new(resp.into_reader()).lines() {
+        let Ok(line) = line else {
+            rec.error = Some("the stream broke".into());
+            return rec;
+        };
+        let Some(data) = line.strip_prefix("data: ") else { continue };
+        if data.trim() == "[DONE]" {
+            break;
+        }
+        let Ok(v) = serde_json::from_str::<Value>(data) else { continue };
+        if let Some(e) = v.get("error") {
+            rec.error = Some(e.to_string());
+            return rec;
+        }
+        if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+            usage_tokens = Some(n as usize);
+        }
+        let has_text = v["choices"].as_array().and_then(|c| c.first()).and_then(|c| c["text"].as_str()).is_some_and(|t| !t.is_empty());
+        if has_text {
+            let now = Instant::now();
+            match last {
+                None => rec.ttft = now.duration_since(t0).as_secs_f64(),
+                Some(l) => rec.itl.push(now.duration_since(l).as_secs_f64()),
+            }
+            last = Some(now);
+            rec.out_tokens += 1;
+        }
+    }
+    rec.e2e = t0.elapsed().as_secs_f64();
+    rec.out_tokens = usage_tokens.unwrap_or(rec.out_tokens);
+    rec.ok = last.is_some();
+    if !rec.ok {
+        rec.error = Some("no tokens received".into());
+    }
+    rec
+}
+
+fn stats(mut v: Vec<f64>) -> Value {
+    if v.is_empty() {
+        return json!({"mean": null, "median": null, "p99": null});
+    }
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let q = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
+    json!({"mean": v.iter().sum::<f64>() / v.len() as f64 * 1e3, "median": q(0.5) * 1e3, "p99": q(0.99) * 1e3})
+}
+
+fn run_level(a: &BenchServeArgs, model: &str, c: usize) -> Value {
+    let n = a.num_prompts.unwrap_or((4 * c).max(8));
+    let mut rng = a.seed ^ (c as u64) << 32;
+    let bodies: Vec<Value> = (0..n)
+        .map(|_| {
+            let ids: Vec<u32> = (0..a.input_len).map(|_| 100 + (splitmix(&mut rng) % (a.vocab_size.max(101) as u64 - 100)) as u32).collect();
+            json!({"model": model, "prompt": ids, "max_tokens": a.output_len, "stream": true, "stream_options": {"include_usage": true}, "ignore_eos": true, "temperature": 1.0, "seed": splitmix(&mut rng) >> 1})
+        })
+        .collect();
+    let bodies = Arc::new(bodies);
+    let next = Arc::new(AtomicUsize::new(0));
+    let records = Arc::new(Mutex::new(vec![]));
+    let t0 = Instant::now();
+    let threads: Vec<_> = (0..c.min(n))
+        .map(|_| {
+            let (bodies, next, records, url, in_len) = (bodies.clone(), next.clone(), records.clone(), a.url.trim_end_matches('/').to_string(), a.input_len);
+            std::thread::spawn(move || {
+                let agent = ureq::AgentBuilder::new().timeout_read(Duration::from_secs(600)).build();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= bodies.len() {
+                        break;
+                    }
+                    let r = one_request(&agent, &url, &bodies[i], in_len);
+                    records.lock().unwrap().push(r);
+                    eprint!("\r  concurrency {c}: {}/{} requests", records.lock().unwrap().len(), bodies.len());
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        let _ = t.join();
+    }
+    eprintln!();
+    let secs = t0.elapsed().as_secs_f64();
+    let recs = std::mem::take(&mut *records.lock().unwrap());
+    let ok: Vec<&Record> = recs.iter().filter(|r| r.ok).collect();
+    let failed = recs.len() - ok.len();
+    if let Some(e) = recs.iter().find_map(|r| r.error.as_ref()) {
+        eprintln!("  first error: {e}");
+    }
+    let out: usize = ok.iter().map(|r| r.out_tokens).sum();
+    let inp: usize = ok.iter().map(|r| r.in_tokens).sum();
+    let tpot: Vec<f64> = ok.iter().filter(|r| r.out_tokens > 1).map(|r| (r.e2e - r.ttft) / (r.out_tokens - 1) as f64).collect();
+    let per_stream = if tpot.is_empty() { 0.0 } else { tpot.len() as f64 / tpot.iter().sum::<f64>() };
+    let mut v = json!({
+        "concurrency": c, "completed": ok.len(), "failed": failed, "duration_s": secs,
+        "request_throughput": ok.len() as f64 / secs, "output_tokens_per_s": out as f64 / secs,
+        "total_tokens_per_s": (out + inp) as f64 / secs, "per_stream_decode_tokens_per_s": per_stream,
+        "ttft_ms": stats(ok.iter().map(|r| r.ttft).collect()), "tpot_ms": stats(tpot),
+        "itl_ms": stats(ok.iter().flat_map(|r| r.itl.iter().copied()).collect()), "e2e_ms": stats(ok.iter().map(|r| r.e2e).collect()),
+    });
+    if let Some(g) = a.gpus {
+        v["output_tokens_per_s_per_gpu"] = json!(out as f64 / secs / g);
+        if let Some(p) = a.price_per_gpu_hour {
+            v["output_tokens_per_dollar"] = json!(out as f64 / secs / g * 3600.0 / p);
+        }
+    }
+    v
+}
+
+fn f(v: &Value) -> String {
+    v.as_f64().map_or("-".into(), |x| if x >= 100.0 { format!("{x:.0}") } else { format!("{x:.1}") })
+}
+
+pub fn run(a: BenchServeArgs) -> Result<()> {
+    if a.concurrency.iter().any(|&c| c == 0) || a.input_len == 0 || a.output_len == 0 {
+        bail!("--concurrency, --input-len and --output-len must be at least 1");
+    }
+    let agent = ureq::AgentBuilder::new().build();
+    let model = match &a.model {
+        Some(m) => m.clone(),
+        None => {
+            let v: Value = agent.get(&format!("{}/v1/models", a.url.trim_end_matches('/'))).call().with_context(|| format!("GET {}/v1/models", a.url))?.into_json()?;
+            v["data"][0]["id"].as_str().context("/v1/models lists no model")?.to_string()
+        }
+    };
+    eprintln!("bench serve: {} `{model}`, {} input + {} output tokens, concurrency {:?}", a.url, a.input_len, a.output_len, a.concurrency);
+    let levels: Vec<Value> = a.concurrency.iter().map(|&c| run_level(&a, &model, c)).collect();
+    println!("| conc | done | fail | req/s | out tok/s | total tok/s | stream tok/s | TTFT mean / p50 / p99 ms | TPOT mean / p50 / p99 ms | ITL p50 / p99 ms | e2e p50 / p99 ms |");
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- |");
+    for l in &levels {
+        println!(
+            "| {} | {} | {} | {:.2} | {} | {} | {} | {} / {} / {} | {} / {} / {} | {} / {} | {} / {} |",
+            l["concurrency"], l["completed"], l["failed"], l["request_throughput"].as_f64().unwrap_or(0.0), f(&l["output_tokens_per_s"]), f(&l["total_tokens_per_s"]), f(&l["per_stream_decode_tokens_per_s"]),
+            f(&l["ttft_ms"]["mean"]), f(&l["ttft_ms"]["median"]), f(&l["ttft_ms"]["p99"]),
+            f(&l["tpot_ms"]["mean"]), f(&l["tpot_ms"]["median"]), f(&l["tpot_ms"]["p99"]),
+            f(&l["itl_ms"]["median"]), f(&l["itl_ms"]["p99"]), f(&l["e2e_ms"]["median"]), f(&l["e2e_ms"]["p99"]),
+        );
+    }
+    if let Some(p) = &a.json {
+        let doc = json!({"url": a.url, "model": model, "input_len": a.input_len, "output_len": a.output_len, "results": levels});
+        std::fs::write(p, serde_json::to_string_pretty(&doc)?).with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
+}
