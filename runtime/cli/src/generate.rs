@@ -5,7 +5,8 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::{json, Map, Value};
 use std::path::PathBuf;
-use weft_backend::cpu::CpuBackend;
+use crate::backend::Chosen;
+use weft_backend::Backend;
 use weft_model::generate::{generate, GenerateRequest};
 use weft_model::sampling::SamplingParams;
 use weft_model::tokenizer::ChatMessage;
@@ -47,9 +48,16 @@ pub struct GenerateArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
-    /// Compute backend: cpu (the only one built in this binary so far) or auto.
+    /// Compute backend: cpu, cuda, or auto (CUDA when a device is there, else CPU).
     #[arg(long, default_value = "auto")]
     backend: String,
+    /// The GPU for the cuda backend.
+    #[arg(long, default_value = "cuda:0")]
+    device: String,
+    /// `safetensors` (the checkpoint's files) or `dummy` (random weights of the config's
+    /// shapes, for benchmarks; the tokenizer comes from the demo model when DIR has none).
+    #[arg(long, default_value = "safetensors")]
+    load_format: String,
 }
 
 fn logprob_map(lp: &[(u32, f64)]) -> Value {
@@ -68,12 +76,23 @@ fn check_param(name: &str, ok: bool, v: impl std::fmt::Display, want: &str) -> R
 }
 
 pub fn run(a: GenerateArgs) -> Result<()> {
-    if !matches!(a.backend.as_str(), "cpu" | "auto") {
-        bail!("--backend {}: this build has only the cpu backend", a.backend);
+    let chosen = crate::backend::choose(&a.backend, &a.device)?;
+    tracing::info!("{}", chosen.describe());
+    match chosen {
+        Chosen::Cpu(b) => run_on(a, b),
+        Chosen::Cuda(b) => run_on(a, b),
     }
+}
+
+fn run_on<B: Backend>(a: GenerateArgs, backend: B) -> Result<()> {
     let dir = a.model.clone().unwrap_or_else(crate::default_model_dir);
     let t0 = std::time::Instant::now();
-    let lm = LoadedModel::open(&dir, CpuBackend::new()).with_context(|| format!("loading model from {}", dir.display()))?;
+    let lm = match a.load_format.as_str() {
+        "safetensors" | "auto" => LoadedModel::open(&dir, backend),
+        "dummy" => LoadedModel::open_dummy(&dir, backend, &crate::default_model_dir()),
+        other => bail!("--load-format {other}: expected safetensors or dummy"),
+    }
+    .with_context(|| format!("loading model from {}", dir.display()))?;
     tracing::info!(secs = t0.elapsed().as_secs_f64(), "model loaded");
 
     let prompt_ids = match (&a.prompt, &a.prompt_ids) {

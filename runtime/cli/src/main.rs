@@ -1,5 +1,6 @@
 //! The `weft` binary: parses the command line and dispatches. No engine logic lives here.
 
+mod backend;
 mod bench;
 mod generate;
 mod plugin;

@@ -7,7 +7,8 @@ use clap::Args;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use weft_backend::cpu::CpuBackend;
+use crate::backend::Chosen;
+use weft_backend::Backend;
 use weft_engine::{Engine, EngineConfig};
 use weft_model::tokenizer::TextTokenizer;
 use weft_model::LoadedModel;
@@ -57,22 +58,41 @@ pub struct ServeArgs {
     /// After SIGTERM, how long in-flight requests may run before they are aborted.
     #[arg(long, default_value_t = 30)]
     shutdown_grace_secs: u64,
-    /// Compute backend: cpu (the only one built in this binary so far) or auto.
+    /// Compute backend: cpu, cuda, or auto (CUDA when a device is there, else CPU).
     #[arg(long, default_value = "auto")]
     backend: String,
+    /// The GPU for the cuda backend.
+    #[arg(long, default_value = "cuda:0")]
+    device: String,
+    /// `safetensors` (the checkpoint's files) or `dummy` (random weights of the config's
+    /// shapes, for benchmarks; the tokenizer comes from the demo model when DIR has none).
+    #[arg(long, default_value = "safetensors")]
+    load_format: String,
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
-    if !matches!(a.backend.as_str(), "cpu" | "auto") {
-        bail!("--backend {}: this build has only the cpu backend", a.backend);
+    let chosen = crate::backend::choose(&a.backend, &a.device)?;
+    let what = chosen.describe();
+    match chosen {
+        Chosen::Cpu(b) => run_on(a, b, what),
+        Chosen::Cuda(b) => run_on(a, b, what),
     }
+}
+
+fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String) -> Result<()> {
     if a.page_size == 0 || a.num_pages == 0 || a.token_budget == 0 || a.max_sequences == 0 {
         bail!("--num-pages, --page-size, --token-budget and --max-sequences must all be at least 1");
     }
     let dir = a.model.clone().unwrap_or_else(crate::default_model_dir);
     let name = a.served_model_name.clone().unwrap_or_else(|| std::fs::canonicalize(&dir).ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())).unwrap_or_else(|| "weft".into()));
-    let lm = LoadedModel::open(&dir, CpuBackend::new()).with_context(|| format!("loading model from {}", dir.display()))?;
-    let tokenizer = Arc::new(TextTokenizer::from_dir(&dir)?);
+    let lm = match a.load_format.as_str() {
+        "safetensors" | "auto" => LoadedModel::open(&dir, backend),
+        "dummy" => LoadedModel::open_dummy(&dir, backend, &crate::default_model_dir()),
+        other => bail!("--load-format {other}: expected safetensors or dummy"),
+    }
+    .with_context(|| format!("loading model from {}", dir.display()))?;
+    let tdir = if dir.join("tokenizer.json").exists() { dir.clone() } else { crate::default_model_dir() };
+    let tokenizer = Arc::new(TextTokenizer::from_dir(&tdir)?);
     let defaults = lm.defaults.clone();
     let limits = SandboxLimits { memory_bytes: a.plugin_memory_mib << 20, deadline: Duration::from_millis(a.plugin_deadline_ms) };
     let registry = Arc::new(Registry::with_defaults(limits).context("loading the default plugins")?);
@@ -94,7 +114,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port)).await.with_context(|| format!("binding {}:{}", a.host, a.port))?;
         let addr = listener.local_addr()?;
-        println!("weft: serving `{name}` on http://{addr} (cpu backend, {} KV pages of {} tokens, admin API {admin})", a.num_pages, a.page_size);
+        println!("weft: serving `{name}` on http://{addr} ({what}, {} KV pages of {} tokens, admin API {admin})", a.num_pages, a.page_size);
         use std::io::Write;
         std::io::stdout().flush()?;
         weft_server::serve(listener, state, shutdown_signal(), Duration::from_secs(a.shutdown_grace_secs)).await?;

@@ -55,11 +55,29 @@ struct TensorEntry {
     range: (usize, usize),
 }
 
-/// All safetensors shards of a checkpoint directory, memory-mapped.
+/// All safetensors shards of a checkpoint directory, memory-mapped — or, for
+/// `--load-format dummy`, no files at all: every tensor asked for is synthesized.
 pub struct Checkpoint {
     shards: Vec<Shard>,
     index: HashMap<String, TensorEntry>,
     fp8_block: Option<(usize, usize)>,
+    /// Seed of the synthesized tensors (dummy format).
+    dummy: Option<u64>,
+}
+
+/// Deterministic pseudo-random values for a dummy tensor, from its name and the seed.
+fn dummy_values(name: &str, seed: u64, n: usize, scale: f32) -> impl Iterator<Item = f32> + '_ {
+    let mut h = seed ^ 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+    }
+    (0..n as u64).map(move |i| {
+        let mut z = h.wrapping_add(i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        ((z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+    })
 }
 
 fn file_err(path: &Path, reason: impl std::fmt::Display) -> CheckpointError {
@@ -110,9 +128,21 @@ impl Checkpoint {
             }
             shards.push(Shard { path, mmap, data_start: 8 + n });
         }
-        Ok(Checkpoint { shards, index, fp8_block })
+        Ok(Checkpoint { shards, index, fp8_block, dummy: None })
     }
 
+    /// vLLM's `--load-format dummy`: no weight files; every matrix is bf16 uniform noise scaled
+    /// by 1/sqrt(cols) (activations stay bounded through the layers), norms are 1, routing
+    /// biases 0. Real shapes can be run and benchmarked from a `config.json` alone.
+    pub fn dummy(seed: u64) -> Self {
+        Checkpoint { shards: vec![], index: HashMap::new(), fp8_block: None, dummy: Some(seed) }
+    }
+
+    pub fn is_dummy(&self) -> bool {
+        self.dummy.is_some()
+    }
+
+    /// Whether the checkpoint has `name` (a dummy checkpoint has no optional tensors: no MTP).
     pub fn contains(&self, name: &str) -> bool {
         self.index.contains_key(name)
     }
@@ -143,6 +173,11 @@ impl Checkpoint {
 
     /// A 2-D weight `[rows, cols]`; fp8 weights come with their `<name>_scale_inv` block scales.
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<HostMatrix<'_>> {
+        if let Some(seed) = self.dummy {
+            let scale = 1.0 / (cols.max(1) as f32).sqrt();
+            let bytes: Vec<u8> = dummy_values(name, seed, rows * cols, scale).flat_map(|v| half::bf16::from_f32(v).to_bits().to_le_bytes()).collect();
+            return Ok(HostMatrix { name: name.into(), rows, cols, dtype: WeightDtype::Bf16, bytes: std::borrow::Cow::Owned(bytes), scales: None });
+        }
         let (v, path) = self.view(name)?;
         if v.shape() != [rows, cols] {
             return Err(CheckpointError::Shape { name: name.into(), file: path.display().to_string(), got: v.shape().to_vec(), want: vec![rows, cols] });
@@ -171,6 +206,16 @@ impl Checkpoint {
     }
 
     fn vector_shaped(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        if let Some(seed) = self.dummy {
+            let n = shape.iter().product();
+            return Ok(if name.ends_with("norm.weight") {
+                vec![1.0; n]
+            } else if name.ends_with("e_score_correction_bias") {
+                vec![0.0; n]
+            } else {
+                dummy_values(name, seed, n, 0.1).collect()
+            });
+        }
         let (v, path) = self.view(name)?;
         if v.shape() != shape {
             return Err(CheckpointError::Shape { name: name.into(), file: path.display().to_string(), got: v.shape().to_vec(), want: shape.to_vec() });

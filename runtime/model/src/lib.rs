@@ -56,6 +56,22 @@ impl<B: Backend> LoadedModel<B> {
         Ok(LoadedModel { dir: dir.to_path_buf(), model: DeepseekV3::new(cfg, weights, backend), tokenizer, defaults })
     }
 
+    /// `--load-format dummy`: the architecture from `dir/config.json`, synthesized weights (see
+    /// [`checkpoint::Checkpoint::dummy`]); the tokenizer from `dir` when it has one, else from
+    /// `tokenizer_dir` (ids beyond that tokenizer decode to nothing).
+    pub fn open_dummy(dir: &Path, backend: B, tokenizer_dir: &Path) -> Result<Self, ModelError> {
+        if !dir.is_dir() {
+            return Err(ModelError::NoDir(dir.display().to_string()));
+        }
+        let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
+        let tdir = if dir.join("tokenizer.json").exists() { dir } else { tokenizer_dir };
+        let tokenizer = tokenizer::TextTokenizer::from_dir(tdir)?;
+        let defaults = tokenizer::GenerationDefaults::from_dir(dir)?;
+        let ck = checkpoint::Checkpoint::dummy(0x5eed);
+        let weights = weights::ModelWeights::load(&ck, &cfg, &backend)?;
+        Ok(LoadedModel { dir: dir.to_path_buf(), model: DeepseekV3::new(cfg, weights, backend), tokenizer, defaults })
+    }
+
     /// Stop token ids: generation_config's, else config.json's, else the tokenizer's EOS.
     pub fn eos_ids(&self) -> Vec<u32> {
         if !self.defaults.eos_token_ids.is_empty() {

@@ -1,0 +1,147 @@
+// weft's GPU kernels (correctness-first versions), compiled at start-up with NVRTC.
+// Every kernel is checked against the CPU reference backend (runtime/backend/src/cpu).
+// Block size is a power of two (BLOCK) for the reductions.
+#define BLOCK 256
+
+extern "C" __global__ void cast_f32_bf16(const float* x, u16* y, i64 n) {
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) y[i] = f32_to_bf16(x[i]);
+}
+
+extern "C" __global__ void embed_bf16(const u16* table, const u32* ids, float* out, u32 d) {
+    const u16* row = table + (i64)ids[blockIdx.x] * d;
+    for (u32 j = threadIdx.x; j < d; j += blockDim.x) out[(i64)blockIdx.x * d + j] = bf16_to_f32(row[j]);
+}
+
+extern "C" __global__ void gather_rows(const float* x, const u32* rows, float* out, u32 d) {
+    for (u32 j = threadIdx.x; j < d; j += blockDim.x) out[(i64)blockIdx.x * d + j] = x[(i64)rows[blockIdx.x] * d + j];
+}
+
+// out = w * x / sqrt(mean(x^2) + eps), one block per row.
+__device__ void rms_row(const float* x, const float* w, float* out, u32 dim, float eps, float* sh) {
+    float s = 0.f;
+    for (u32 j = threadIdx.x; j < dim; j += blockDim.x) s += x[j] * x[j];
+    float ms = block_sum(s, sh) / (float)dim;
+    float r = 1.0f / sqrtf(ms + eps);
+    for (u32 j = threadIdx.x; j < dim; j += blockDim.x) out[j] = w[j] * (x[j] * r);
+}
+
+extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, u32 dim, float eps) {
+    __shared__ float sh[BLOCK];
+    i64 o = (i64)blockIdx.x * dim;
+    rms_row(x + o, w, out + o, dim, eps, sh);
+}
+
+extern "C" __global__ void add_rms_norm(float* res, const float* delta, const float* w, float* out, u32 dim, float eps) {
+    __shared__ float sh[BLOCK];
+    i64 o = (i64)blockIdx.x * dim;
+    for (u32 j = threadIdx.x; j < dim; j += blockDim.x) res[o + j] += delta[o + j];
+    __syncthreads();
+    rms_row(res + o, w, out + o, dim, eps, sh);
+}
+
+extern "C" __global__ void add_inplace(float* x, const float* y, i64 n) {
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) x[i] += y[i];
+}
+
+extern "C" __global__ void silu_mul(const float* gu, float* out, u32 inter) {
+    const float* g = gu + (i64)blockIdx.x * 2 * inter;
+    for (u32 j = threadIdx.x; j < inter; j += blockDim.x) {
+        float a = g[j];
+        out[(i64)blockIdx.x * inter + j] = a / (1.0f + expf(-a)) * g[inter + j];
+    }
+}
+
+// RoPE of `rd` values at `pos`, written de-interleaved (first half / second half).
+__device__ void rope_into(const float* x, u32 pos, const float* inv_freq, u32 rd, float attn_factor, int interleaved, float* out) {
+    u32 half = rd / 2;
+    for (u32 i = threadIdx.x; i < half; i += blockDim.x) {
+        float x1 = interleaved ? x[2 * i] : x[i];
+        float x2 = interleaved ? x[2 * i + 1] : x[i + half];
+        float th = (float)pos * inv_freq[i];
+        float c = cosf(th) * attn_factor, s = sinf(th) * attn_factor;
+        out[i] = x1 * c - x2 * s;
+        out[i + half] = x2 * c + x1 * s;
+    }
+}
+
+// One block per (row, head): q [m, heads, nope + rd] -> q_nope [m, heads, nope], q_pe [m, heads, rd].
+extern "C" __global__ void split_rope_q(const float* q, float* q_nope, float* q_pe, const u32* pos, const float* inv_freq, u32 heads, u32 nope, u32 rd, float attn_factor, int interleaved) {
+    i64 mh = blockIdx.x;
+    const float* src = q + mh * (nope + rd);
+    for (u32 j = threadIdx.x; j < nope; j += blockDim.x) q_nope[mh * nope + j] = src[j];
+    rope_into(src + nope, pos[mh / heads], inv_freq, rd, attn_factor, interleaved, q_pe + mh * rd);
+}
+
+// One block per token: RMSNorm the latent, rope the shared key, store both at its slot.
+extern "C" __global__ void store_kv(float* layer, const float* kv_a, const float* norm_w, const u32* pos, const u32* slots, const float* inv_freq, u32 latent, u32 rd, float eps, float attn_factor, int interleaved) {
+    __shared__ float sh[BLOCK];
+    u32 w = latent + rd;
+    const float* row = kv_a + (i64)blockIdx.x * w;
+    float* dst = layer + (i64)slots[blockIdx.x] * w;
+    rms_row(row, norm_w, dst, latent, eps, sh);
+    rope_into(row + latent, pos[blockIdx.x], inv_freq, rd, attn_factor, interleaved, dst + latent);
+}
+
+// Absorbed MLA attention over the paged latent pool, one block per (query row, head), online
+// softmax over chunks of BLOCK context tokens. Dynamic shared memory: latent + rd floats (q).
+// bt: concatenated block tables, bt_off[row] its start; ctx[row] the visible context.
+extern "C" __global__ void mla_attention(const float* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* out, u32 heads, u32 latent, u32 rd, u32 page, float scale) {
+    extern __shared__ float q[];
+    __shared__ float p[BLOCK];
+    __shared__ float sh[BLOCK];
+    u32 w = latent + rd;
+    i64 mh = blockIdx.x;
+    u32 row = mh / heads;
+    for (u32 j = threadIdx.x; j < latent; j += blockDim.x) q[j] = q_lat[mh * latent + j];
+    for (u32 j = threadIdx.x; j < rd; j += blockDim.x) q[latent + j] = q_pe[mh * rd + j];
+    __syncthreads();
+    const u32* table = bt + bt_off[row];
+    u32 n = ctx[row];
+    // Each thread owns output dims threadIdx.x + k*BLOCK (latent <= 4*BLOCK).
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    float m_run = -WEFT_INF, l_run = 0.f;
+    for (u32 base = 0; base < n; base += blockDim.x) {
+        u32 t = base + threadIdx.x;
+        float sc = -WEFT_INF;
+        if (t < n) {
+            const float* e = layer + ((i64)table[t / page] * page + t % page) * w;
+            float s = 0.f, s2 = 0.f;
+            for (u32 j = 0; j < latent; j++) s += q[j] * e[j];
+            for (u32 j = 0; j < rd; j++) s2 += q[latent + j] * e[latent + j];
+            sc = (s + s2) * scale;
+        }
+        float m_new = fmaxf(m_run, block_max(sc, sh));
+        float e_sc = (t < n) ? expf(sc - m_new) : 0.f;
+        p[threadIdx.x] = e_sc;
+        float corr = expf(m_run - m_new);
+        l_run = l_run * corr + block_sum(e_sc, sh);
+        __syncthreads();
+        u32 cnt = min((u32)blockDim.x, n - base);
+        for (u32 k = 0; k < 4; k++) {
+            u32 d = threadIdx.x + k * blockDim.x;
+            if (d >= latent) break;
+            float a = acc[k] * corr;
+            for (u32 i = 0; i < cnt; i++) {
+                u32 tt = base + i;
+                a += p[i] * layer[((i64)table[tt / page] * page + tt % page) * w + d];
+            }
+            acc[k] = a;
+        }
+        m_run = m_new;
+        __syncthreads();
+    }
+    for (u32 k = 0; k < 4; k++) {
+        u32 d = threadIdx.x + k * blockDim.x;
+        if (d < latent) out[mh * latent + d] = acc[k] / l_run;
+    }
+}
+
+// out[tok[i]] += wt[i] * y[i], one block per routed row (rows of one expert hit distinct tokens).
+extern "C" __global__ void scatter_add_weighted(const float* y, const u32* tok, const float* wt, float* out, u32 d) {
+    float g = wt[blockIdx.x];
+    for (u32 j = threadIdx.x; j < d; j += blockDim.x) out[(i64)tok[blockIdx.x] * d + j] += g * y[(i64)blockIdx.x * d + j];
+}
+
+extern "C" __global__ void fill_f32(float* x, float v, i64 n) {
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) x[i] = v;
+}

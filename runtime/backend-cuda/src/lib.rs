@@ -1,0 +1,118 @@
+//! The CUDA backend. Weights live on the device in bf16 (fp8 block-scaled checkpoints are
+//! dequantized to bf16 at load for now), activations in f32; GEMMs are cuBLAS bf16×bf16 with
+//! f32 accumulation and output; everything else is a kernel from `kernels/weft.cu`, compiled
+//! with NVRTC for the device's architecture when the backend starts. Router gates stay f32. cudarc loads libcuda,
+//! NVRTC and cuBLAS dynamically, so this crate builds everywhere and `CudaBackend::new` returns
+//! `Unavailable` on machines without them.
+//!
+//! Correctness-first: MoE routing runs on the host (gate logits are downloaded), experts run
+//! one cuBLAS call pair per active expert, and attention is a plain online-softmax kernel.
+//! Every op is checked against the CPU reference (`tests/kernels.rs`).
+
+mod ops;
+
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use weft_backend::{BackendError, KvLayout, Result};
+
+pub const KERNEL_SOURCE: &str = concat!(include_str!("../../../kernels/weft_port.h"), "\n", include_str!("../../../kernels/weft.cu"));
+const KERNELS: &[&str] = &["cast_f32_bf16", "embed_bf16", "gather_rows", "rms_norm", "add_rms_norm", "add_inplace", "silu_mul", "split_rope_q", "store_kv", "mla_attention", "scatter_add_weighted", "fill_f32"];
+
+/// A weight matrix `[rows, cols]` on the device: bf16, except MoE router gates, which are
+/// kept in f32 and multiplied in f32 — expert selection is a discrete choice, and bf16 rounding
+/// of the router's inputs flips near-tied experts (measured on the golden fixtures).
+pub struct CudaMatrix {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: CudaSlice<u16>,
+    pub f32_data: Option<CudaSlice<f32>>,
+}
+
+/// Whether a weight is multiplied in f32 (the MoE router gate).
+pub fn is_router(name: &str) -> bool {
+    name.ends_with(".mlp.gate.weight")
+}
+
+/// The latent KV pool on the device: `[layer][slot][latent + rope]` in f32.
+pub struct CudaKvPool {
+    pub layout: KvLayout,
+    pub data: CudaSlice<f32>,
+}
+
+pub struct CudaBackend {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    blas: Mutex<CudaBlas>,
+    _module: Arc<CudaModule>,
+    funcs: HashMap<&'static str, CudaFunction>,
+    /// e.g. "sm_90a"
+    pub arch: String,
+    pub device_name: String,
+    /// Fill every output with NaN before a kernel writes it (tests: unwritten elements show).
+    pub poison: bool,
+    /// Keep every weight in f32 and multiply in f32 (`WEFT_CUDA_F32=1`): a debugging mode that
+    /// separates precision effects from bugs when comparing with the CPU reference.
+    pub all_f32: bool,
+}
+
+fn dev(e: impl std::fmt::Debug) -> BackendError {
+    BackendError::Device(format!("{e:?}"))
+}
+
+fn unavailable(reason: String) -> BackendError {
+    BackendError::Unavailable { backend: "cuda", reason }
+}
+
+fn arch_name(major: i32, minor: i32) -> &'static str {
+    match (major, minor) {
+        (9, 0) => "sm_90a",
+        (10, 0) => "sm_100a",
+        (8, 9) => "sm_89",
+        (8, 6) => "sm_86",
+        (8, 0) => "sm_80",
+        (12, 0) => "sm_120a",
+        _ => "sm_80",
+    }
+}
+
+impl CudaBackend {
+    /// Opens device `ordinal`, compiles the kernels for it and creates the cuBLAS handle.
+    /// Machines without the CUDA driver (or NVRTC/cuBLAS) get `Unavailable`, not a panic.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        // cudarc's dynamic loader panics when a library is missing: look for them first.
+        for (lib, present) in [("the CUDA driver (libcuda)", unsafe { cudarc::driver::sys::is_culib_present() }), ("NVRTC", unsafe { cudarc::nvrtc::sys::is_culib_present() }), ("cuBLAS", unsafe { cudarc::cublas::sys::is_culib_present() })] {
+            if !present {
+                return Err(unavailable(format!("{lib} is not installed")));
+            }
+        }
+        let ctx = std::panic::catch_unwind(|| CudaContext::new(ordinal)).map_err(|_| unavailable("the CUDA driver library (libcuda) could not be loaded".into()))?.map_err(|e| unavailable(format!("device {ordinal}: {e:?}")))?;
+        let (major, minor) = ctx.compute_capability().map_err(dev)?;
+        let arch = arch_name(major, minor);
+        let device_name = ctx.name().unwrap_or_else(|_| "unknown".into());
+        let opts = cudarc::nvrtc::CompileOptions { arch: Some(arch), options: vec!["--std=c++17".into()], ..Default::default() };
+        let ptx = std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(KERNEL_SOURCE, opts))
+            .map_err(|_| unavailable("NVRTC could not be loaded".into()))?
+            .map_err(|e| BackendError::Device(format!("compiling kernels/weft.cu for {arch}: {e}")))?;
+        let module = ctx.load_module(ptx).map_err(dev)?;
+        let mut funcs = HashMap::new();
+        for &k in KERNELS {
+            funcs.insert(k, module.load_function(k).map_err(|e| BackendError::Device(format!("kernel {k}: {e:?}")))?);
+        }
+        let stream = ctx.default_stream();
+        let blas = std::panic::catch_unwind(|| CudaBlas::new(stream.clone())).map_err(|_| unavailable("cuBLAS could not be loaded".into()))?.map_err(dev)?;
+        let poison = std::env::var("WEFT_CUDA_POISON").is_ok_and(|v| v == "1");
+        let all_f32 = std::env::var("WEFT_CUDA_F32").is_ok_and(|v| v == "1");
+        Ok(CudaBackend { ctx, stream, blas: Mutex::new(blas), _module: module, funcs, arch: arch.to_string(), device_name, poison, all_f32 })
+    }
+
+    fn func(&self, name: &str) -> &CudaFunction {
+        &self.funcs[name]
+    }
+
+    /// Waits for everything queued on the backend's stream.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().map_err(dev)
+    }
+}

@@ -1,0 +1,393 @@
+//! `Backend` for `CudaBackend`: argument checks (the same as the CPU reference's), uploads of
+//! the small host-side arrays each op takes (ids, positions, slots, block tables), kernel
+//! launches and cuBLAS calls.
+
+use crate::{dev, CudaBackend, CudaKvPool, CudaMatrix};
+use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use std::ffi::c_void;
+use weft_backend::{AttnRow, Backend, BackendError, ExpertWeights, HostMatrix, KvLayout, Result, RopeParams, RouterConfig, WeightDtype};
+
+const BLOCK: u32 = 256;
+
+/// The device copy of a weight a GEMM reads.
+enum Weight<'a> {
+    Bf16(&'a CudaSlice<u16>),
+    F32(&'a CudaSlice<f32>),
+}
+
+impl<'a> Weight<'a> {
+    fn of(w: &'a CudaMatrix) -> Self {
+        match &w.f32_data {
+            Some(f) => Weight::F32(f),
+            None => Weight::Bf16(&w.data),
+        }
+    }
+}
+
+fn shape(op: &'static str, reason: String) -> BackendError {
+    BackendError::Shape { op, reason }
+}
+
+fn check_rows(op: &'static str, len: usize, width: usize) -> Result<usize> {
+    if width == 0 || len % width != 0 {
+        return Err(shape(op, format!("{len} elements are not rows of {width}")));
+    }
+    Ok(len / width)
+}
+
+fn cfg(grid: usize, shared: u32) -> LaunchConfig {
+    LaunchConfig { grid_dim: (grid.max(1) as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: shared }
+}
+
+fn flat(n: usize) -> LaunchConfig {
+    cfg(n.div_ceil(BLOCK as usize).clamp(1, 65535), 0)
+}
+
+impl CudaBackend {
+    /// An output buffer (NaN-filled when poisoning).
+    fn out(&self, n: usize) -> Result<CudaSlice<f32>> {
+        let mut b = unsafe { self.stream.alloc::<f32>(n.max(1)) }.map_err(dev)?;
+        if self.poison {
+            let (v, n64) = (f32::NAN, n as i64);
+            let mut l = self.stream.launch_builder(self.func("fill_f32"));
+            l.arg(&mut b).arg(&v).arg(&n64);
+            unsafe { l.launch(flat(n)) }.map_err(dev)?;
+        }
+        Ok(b)
+    }
+
+    fn up_u32(&self, v: &[u32]) -> Result<CudaSlice<u32>> {
+        if v.is_empty() {
+            return self.stream.alloc_zeros::<u32>(1).map_err(dev);
+        }
+        self.stream.clone_htod(v).map_err(dev)
+    }
+
+    fn up_f32(&self, v: &[f32]) -> Result<CudaSlice<f32>> {
+        self.stream.clone_htod(v).map_err(dev)
+    }
+
+    fn to_bf16(&self, x: &CudaSlice<f32>, n: usize) -> Result<CudaSlice<u16>> {
+        let mut y = unsafe { self.stream.alloc::<u16>(n.max(1)) }.map_err(dev)?;
+        let n64 = n as i64;
+        let mut l = self.stream.launch_builder(self.func("cast_f32_bf16"));
+        l.arg(x).arg(&mut y).arg(&n64);
+        unsafe { l.launch(flat(n)) }.map_err(dev)?;
+        Ok(y)
+    }
+
+    /// `out[m, n] = x[m, k] · w[n, k]ᵀ` (batched over `batch` heads with the given strides):
+    /// bf16 × bf16 when the weight is bf16, else f32 × f32 (no TF32: the handle's default math
+    /// mode); f32 accumulation and output either way.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(&self, w: Weight<'_>, x: &CudaSlice<f32>, out: &mut CudaSlice<f32>, n: usize, m: usize, k: usize, batch: usize, ldb: usize, ldc: usize) -> Result<()> {
+        let xb;
+        let (pa, _ga, pb, _gb, ty);
+        match w {
+            Weight::Bf16(wb) => {
+                xb = self.to_bf16(x, m * batch * k)?;
+                (pa, _ga) = wb.device_ptr(&self.stream);
+                (pb, _gb) = xb.device_ptr(&self.stream);
+                ty = cudaDataType::CUDA_R_16BF;
+            }
+            Weight::F32(wf) => {
+                (pa, _ga) = wf.device_ptr(&self.stream);
+                (pb, _gb) = x.device_ptr(&self.stream);
+                ty = cudaDataType::CUDA_R_32F;
+            }
+        }
+        let blas = self.blas.lock().unwrap();
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (pc, _gc) = out.device_ptr_mut(&self.stream);
+        unsafe {
+            cudarc::cublas::result::gemm_strided_batched_ex(
+                *blas.handle(),
+                cublasOperation_t::CUBLAS_OP_T,
+                cublasOperation_t::CUBLAS_OP_N,
+                n as i32,
+                m as i32,
+                k as i32,
+                &alpha as *const f32 as *const c_void,
+                pa as *const c_void,
+                ty,
+                k as i32,
+                (n * k) as i64,
+                pb as *const c_void,
+                ty,
+                ldb as i32,
+                k as i64,
+                &beta as *const f32 as *const c_void,
+                pc as *mut c_void,
+                cudaDataType::CUDA_R_32F,
+                ldc as i32,
+                n as i64,
+                batch as i32,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(dev)
+    }
+
+    fn len(&self, b: &CudaSlice<f32>) -> usize {
+        b.len()
+    }
+}
+
+impl Backend for CudaBackend {
+    type Buf = CudaSlice<f32>;
+    type Matrix = CudaMatrix;
+    type KvPool = CudaKvPool;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn upload_matrix(&self, m: &HostMatrix<'_>) -> Result<CudaMatrix> {
+        m.validate()?;
+        let bits: Vec<u16> = if m.dtype == WeightDtype::Bf16 {
+            // Already bf16: the bytes are the device format.
+            m.bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect()
+        } else {
+            let mut f = vec![0f32; m.rows * m.cols];
+            m.to_f32_rows(0, m.rows, &mut f);
+            f.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect()
+        };
+        let data = if bits.is_empty() { self.stream.alloc_zeros::<u16>(1).map_err(dev)? } else { self.stream.clone_htod(&bits).map_err(dev)? };
+        let f32_data = if (self.all_f32 || crate::is_router(&m.name)) && !bits.is_empty() {
+            let mut f = vec![0f32; m.rows * m.cols];
+            m.to_f32_rows(0, m.rows, &mut f);
+            Some(self.stream.clone_htod(&f).map_err(dev)?)
+        } else {
+            None
+        };
+        Ok(CudaMatrix { rows: m.rows, cols: m.cols, data, f32_data })
+    }
+
+    fn upload(&self, data: &[f32]) -> Result<CudaSlice<f32>> {
+        if data.is_empty() {
+            return Err(shape("upload", "an empty buffer".into()));
+        }
+        self.up_f32(data)
+    }
+
+    fn download(&self, buf: &CudaSlice<f32>) -> Result<Vec<f32>> {
+        self.stream.clone_dtoh(buf).map_err(dev)
+    }
+
+    fn alloc_kv_pool(&self, layout: KvLayout) -> Result<CudaKvPool> {
+        let n = layout.layers * layout.num_pages * layout.page_size * layout.width();
+        Ok(CudaKvPool { layout, data: self.stream.alloc_zeros::<f32>(n.max(1)).map_err(dev)? })
+    }
+
+    fn copy_kv_pages(&self, pool: &mut CudaKvPool, pairs: &[(u32, u32)]) -> Result<()> {
+        let l = pool.layout;
+        let page = l.page_size * l.width();
+        let stride = l.num_pages * page;
+        for &(src, dst) in pairs {
+            if src as usize >= l.num_pages || dst as usize >= l.num_pages {
+                return Err(shape("copy_kv_pages", format!("page {src}->{dst} outside pool of {}", l.num_pages)));
+            }
+            for layer in 0..l.layers {
+                let s = layer * stride + src as usize * page;
+                let d = layer * stride + dst as usize * page;
+                let mut tmp = unsafe { self.stream.alloc::<f32>(page) }.map_err(dev)?;
+                self.stream.memcpy_dtod(&pool.data.slice(s..s + page), &mut tmp).map_err(dev)?;
+                self.stream.memcpy_dtod(&tmp, &mut pool.data.slice_mut(d..d + page)).map_err(dev)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn embed(&self, table: &CudaMatrix, ids: &[u32]) -> Result<CudaSlice<f32>> {
+        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= table.rows) {
+            return Err(shape("embed", format!("token id {bad} outside vocabulary of {}", table.rows)));
+        }
+        let d = table.cols as u32;
+        let idb = self.up_u32(ids)?;
+        let mut out = self.out(ids.len() * table.cols)?;
+        let mut l = self.stream.launch_builder(self.func("embed_bf16"));
+        l.arg(&table.data).arg(&idb).arg(&mut out).arg(&d);
+        unsafe { l.launch(cfg(ids.len(), 0)) }.map_err(dev)?;
+        Ok(out)
+    }
+
+    fn gather_rows(&self, x: &CudaSlice<f32>, dim: usize, rows: &[u32]) -> Result<CudaSlice<f32>> {
+        let n = check_rows("gather_rows", self.len(x), dim)?;
+        if let Some(&r) = rows.iter().find(|&&r| r as usize >= n) {
+            return Err(shape("gather_rows", format!("row {r} of {n}")));
+        }
+        let rb = self.up_u32(rows)?;
+        let d = dim as u32;
+        let mut out = self.out(rows.len() * dim)?;
+        let mut l = self.stream.launch_builder(self.func("gather_rows"));
+        l.arg(x).arg(&rb).arg(&mut out).arg(&d);
+        unsafe { l.launch(cfg(rows.len(), 0)) }.map_err(dev)?;
+        Ok(out)
+    }
+
+    fn rms_norm(&self, x: &CudaSlice<f32>, dim: usize, weight: &CudaSlice<f32>, eps: f32) -> Result<CudaSlice<f32>> {
+        let m = check_rows("rms_norm", self.len(x), dim)?;
+        let d = dim as u32;
+        let mut out = self.out(m * dim)?;
+        let mut l = self.stream.launch_builder(self.func("rms_norm"));
+        l.arg(x).arg(weight).arg(&mut out).arg(&d).arg(&eps);
+        unsafe { l.launch(cfg(m, 0)) }.map_err(dev)?;
+        Ok(out)
+    }
+
+    fn add_rms_norm(&self, residual: &mut CudaSlice<f32>, delta: &CudaSlice<f32>, dim: usize, weight: &CudaSlice<f32>, eps: f32) -> Result<CudaSlice<f32>> {
+        if residual.len() != delta.len() {
+            return Err(shape("add_rms_norm", format!("{} vs {} elements", residual.len(), delta.len())));
+        }
+        let m = check_rows("add_rms_norm", residual.len(), dim)?;
+        let d = dim as u32;
+        let mut out = self.out(m * dim)?;
+        let mut l = self.stream.launch_builder(self.func("add_rms_norm"));
+        l.arg(residual).arg(delta).arg(weight).arg(&mut out).arg(&d).arg(&eps);
+        unsafe { l.launch(cfg(m, 0)) }.map_err(dev)?;
+        Ok(out)
+    }
+
+    fn linear(&self, x: &CudaSlice<f32>, w: &CudaMatrix) -> Result<CudaSlice<f32>> {
+        let m = check_rows("linear", self.len(x), w.cols)?;
+        let mut out = self.out(m * w.rows)?;
+        self.gemm(Weight::of(w), x, &mut out, w.rows, m, w.cols, 1, w.cols, w.rows)?;
+        Ok(out)
+    }
+
+    fn head_linear(&self, x: &CudaSlice<f32>, heads: usize, w: &CudaMatrix) -> Result<CudaSlice<f32>> {
+        if heads == 0 || w.rows % heads != 0 {
+            return Err(shape("head_linear", format!("{} rows do not split into {heads} heads", w.rows)));
+        }
+        let m = check_rows("head_linear", self.len(x), heads * w.cols)?;
+        let n = w.rows / heads;
+        let mut out = self.out(m * heads * n)?;
+        self.gemm(Weight::of(w), x, &mut out, n, m, w.cols, heads, heads * w.cols, heads * n)?;
+        Ok(out)
+    }
+
+    fn add_inplace(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>) -> Result<()> {
+        if x.len() != y.len() {
+            return Err(shape("add_inplace", format!("{} vs {} elements", x.len(), y.len())));
+        }
+        let n = x.len() as i64;
+        let mut l = self.stream.launch_builder(self.func("add_inplace"));
+        l.arg(x).arg(y).arg(&n);
+        unsafe { l.launch(flat(n as usize)) }.map_err(dev)?;
+        Ok(())
+    }
+
+    fn silu_mul(&self, gate_up: &CudaSlice<f32>, inter: usize) -> Result<CudaSlice<f32>> {
+        let m = check_rows("silu_mul", gate_up.len(), 2 * inter)?;
+        let i = inter as u32;
+        let mut out = self.out(m * inter)?;
+        let mut l = self.stream.launch_builder(self.func("silu_mul"));
+        l.arg(gate_up).arg(&mut out).arg(&i);
+        unsafe { l.launch(cfg(m, 0)) }.map_err(dev)?;
+        Ok(out)
+    }
+
+    fn mla_split_rope_q(&self, q: &CudaSlice<f32>, heads: usize, nope: usize, rope_dim: usize, positions: &[u32], rope: &RopeParams) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
+        let m = check_rows("mla_split_rope_q", q.len(), heads * (nope + rope_dim))?;
+        if m != positions.len() {
+            return Err(shape("mla_split_rope_q", format!("{} positions for {m} rows", positions.len())));
+        }
+        let (pb, fb) = (self.up_u32(positions)?, self.up_f32(&rope.inv_freq)?);
+        let mut qn = self.out(m * heads * nope)?;
+        let mut qp = self.out(m * heads * rope_dim)?;
+        let (h, n, r, inter) = (heads as u32, nope as u32, rope_dim as u32, rope.interleaved as i32);
+        let mut l = self.stream.launch_builder(self.func("split_rope_q"));
+        l.arg(q).arg(&mut qn).arg(&mut qp).arg(&pb).arg(&fb).arg(&h).arg(&n).arg(&r).arg(&rope.attention_factor).arg(&inter);
+        unsafe { l.launch(cfg(m * heads, 0)) }.map_err(dev)?;
+        Ok((qn, qp))
+    }
+
+    fn mla_store_kv(&self, pool: &mut CudaKvPool, layer: usize, kv_a: &CudaSlice<f32>, norm_w: &CudaSlice<f32>, eps: f32, positions: &[u32], slots: &[u32], rope: &RopeParams) -> Result<()> {
+        let lay = pool.layout;
+        let m = check_rows("mla_store_kv", kv_a.len(), lay.width())?;
+        if positions.len() != m || slots.len() != m || layer >= lay.layers {
+            return Err(shape("mla_store_kv", format!("{m} rows, {} positions, {} slots, layer {layer}", positions.len(), slots.len())));
+        }
+        if let Some(bad) = slots.iter().find(|&&s| s as usize >= lay.num_pages * lay.page_size) {
+            return Err(shape("mla_store_kv", format!("slot {bad} outside pool")));
+        }
+        let stride = lay.num_pages * lay.page_size * lay.width();
+        let (pb, sb, fb) = (self.up_u32(positions)?, self.up_u32(slots)?, self.up_f32(&rope.inv_freq)?);
+        let (lat, rd, inter) = (lay.latent_dim as u32, lay.rope_dim as u32, rope.interleaved as i32);
+        let mut view = pool.data.slice_mut(layer * stride..(layer + 1) * stride);
+        let mut l = self.stream.launch_builder(self.func("store_kv"));
+        l.arg(&mut view).arg(kv_a).arg(norm_w).arg(&pb).arg(&sb).arg(&fb).arg(&lat).arg(&rd).arg(&eps).arg(&rope.attention_factor).arg(&inter);
+        unsafe { l.launch(cfg(m, 0)) }.map_err(dev)?;
+        Ok(())
+    }
+
+    fn mla_attention(&self, pool: &CudaKvPool, layer: usize, q_lat: &CudaSlice<f32>, q_pe: &CudaSlice<f32>, heads: usize, rows: &[AttnRow<'_>], scale: f32) -> Result<CudaSlice<f32>> {
+        let l = pool.layout;
+        if q_lat.len() != rows.len() * heads * l.latent_dim || q_pe.len() != rows.len() * heads * l.rope_dim || layer >= l.layers {
+            return Err(shape("mla_attention", format!("{} rows x {heads} heads do not match q_lat {} / q_pe {}", rows.len(), q_lat.len(), q_pe.len())));
+        }
+        if l.latent_dim > 4 * BLOCK as usize {
+            return Err(shape("mla_attention", format!("latent dim {} above {}", l.latent_dim, 4 * BLOCK)));
+        }
+        let (mut bt, mut off, mut ctx) = (vec![], vec![], vec![]);
+        for r in rows {
+            if r.ctx_len == 0 || r.ctx_len.div_ceil(l.page_size) > r.block_table.len() {
+                return Err(shape("mla_attention", format!("context {} not covered by {} pages", r.ctx_len, r.block_table.len())));
+            }
+            if let Some(p) = r.block_table.iter().find(|&&p| p as usize >= l.num_pages) {
+                return Err(shape("mla_attention", format!("page {p} outside pool")));
+            }
+            off.push(bt.len() as u32);
+            bt.extend_from_slice(r.block_table);
+            ctx.push(r.ctx_len as u32);
+        }
+        let (btb, offb, ctxb) = (self.up_u32(&bt)?, self.up_u32(&off)?, self.up_u32(&ctx)?);
+        let stride = l.num_pages * l.page_size * l.width();
+        let view = pool.data.slice(layer * stride..(layer + 1) * stride);
+        let mut out = self.out(rows.len() * heads * l.latent_dim)?;
+        let (h, lat, rd, ps) = (heads as u32, l.latent_dim as u32, l.rope_dim as u32, l.page_size as u32);
+        let mut b = self.stream.launch_builder(self.func("mla_attention"));
+        b.arg(&view).arg(q_lat).arg(q_pe).arg(&btb).arg(&offb).arg(&ctxb).arg(&mut out).arg(&h).arg(&lat).arg(&rd).arg(&ps).arg(&scale);
+        unsafe { b.launch(cfg(rows.len() * heads, (l.width() * 4) as u32)) }.map_err(dev)?;
+        Ok(out)
+    }
+
+    fn moe(&self, x: &CudaSlice<f32>, gate_logits: &CudaSlice<f32>, bias: &CudaSlice<f32>, cfg_r: &RouterConfig, experts: &[ExpertWeights<CudaMatrix>]) -> Result<CudaSlice<f32>> {
+        let e = cfg_r.n_experts;
+        if experts.len() != e || bias.len() != e {
+            return Err(shape("moe", format!("{} experts, {} biases, config says {e}", experts.len(), bias.len())));
+        }
+        let m = check_rows("moe", gate_logits.len(), e)?;
+        let hidden = check_rows("moe", x.len(), m.max(1))?;
+        // Routing on the host (small: m × n_experts), experts on the device.
+        let logits = self.download(gate_logits)?;
+        let bias_h = self.download(bias)?;
+        let mut assigned: Vec<Vec<(u32, f32)>> = vec![Vec::new(); e];
+        for t in 0..m {
+            for (ex, w) in weft_backend::cpu::route(&logits[t * e..(t + 1) * e], &bias_h, cfg_r) {
+                assigned[ex].push((t as u32, w));
+            }
+        }
+        let mut out = self.stream.alloc_zeros::<f32>((m * hidden).max(1)).map_err(dev)?;
+        let d = hidden as u32;
+        for (ex, toks) in assigned.iter().enumerate() {
+            if toks.is_empty() {
+                continue;
+            }
+            let ids: Vec<u32> = toks.iter().map(|t| t.0).collect();
+            let wts: Vec<f32> = toks.iter().map(|t| t.1).collect();
+            let xs = self.gather_rows(x, hidden, &ids)?;
+            let w = &experts[ex];
+            let gu = self.linear(&xs, &w.gate_up)?;
+            let h = self.silu_mul(&gu, w.inter)?;
+            let y = self.linear(&h, &w.down)?;
+            let (tb, wb) = (self.up_u32(&ids)?, self.up_f32(&wts)?);
+            let mut l = self.stream.launch_builder(self.func("scatter_add_weighted"));
+            l.arg(&y).arg(&tb).arg(&wb).arg(&mut out).arg(&d);
+            unsafe { l.launch(cfg(ids.len(), 0)) }.map_err(dev)?;
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,345 @@
+//! Every CUDA op against the CPU reference on random inputs at real (Moonlight-like) shapes,
+//! with outputs poisoned (NaN-filled) before each kernel so unwritten elements are caught;
+//! then the golden fixtures through the CUDA backend. On a machine without CUDA every test
+//! prints why it is skipped and passes.
+
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+use weft_backend::cpu::CpuBackend;
+use weft_backend::{AttnRow, Backend, ExpertWeights, HostMatrix, KvLayout, RopeParams, RouterConfig, WeightDtype};
+use weft_cuda::CudaBackend;
+
+fn gpu() -> Option<CudaBackend> {
+    std::env::set_var("WEFT_CUDA_POISON", "1");
+    match CudaBackend::new(0) {
+        Ok(b) => {
+            eprintln!("cuda: {} ({})", b.device_name, b.arch);
+            Some(b)
+        }
+        // Only a machine without CUDA skips; any other failure (a kernel that does not
+        // compile, a device error) fails the test.
+        Err(e @ weft_backend::BackendError::Unavailable { .. }) => {
+            // Straight to the stream, past the test harness's capture, so CI logs show it.
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "SKIPPED (no usable CUDA device here): {e}");
+            None
+        }
+        Err(e) => panic!("the CUDA backend failed to start: {e}"),
+    }
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f() * scale).collect()
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// A bf16 matrix both backends load identically.
+fn bf16_matrix(rng: &mut Rng, rows: usize, cols: usize, scale: f32) -> HostMatrix<'static> {
+    let bytes: Vec<u8> = (0..rows * cols).flat_map(|_| half::bf16::from_f32(rng.f() * scale).to_bits().to_le_bytes()).collect();
+    HostMatrix { name: "w".into(), rows, cols, dtype: WeightDtype::Bf16, bytes: Cow::Owned(bytes), scales: None }
+}
+
+/// max |a - b| / max |b|, failing on any NaN (an unwritten or broken element).
+fn rel_err(op: &str, a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "{op}: length");
+    if let Some(i) = a.iter().position(|v| !v.is_finite()) {
+        panic!("{op}: element {i} is {} (unwritten?)", a[i]);
+    }
+    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-20);
+    let err = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    err / scale
+}
+
+fn check(op: &str, a: &[f32], b: &[f32], tol: f32) {
+    let e = rel_err(op, a, b);
+    eprintln!("  {op:<22} rel err {e:.2e} (tol {tol:.0e})");
+    assert!(e <= tol, "{op}: relative error {e} above {tol}");
+}
+
+// bf16 activations into the GEMMs: ~2^-9 relative per rounding.
+const GEMM_TOL: f32 = 2e-2;
+const F32_TOL: f32 = 1e-4;
+
+#[test]
+fn dense_ops_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = CpuBackend::new();
+    let mut r = Rng(1);
+    let (m, hidden, vocab) = (37, 2048, 4096);
+    // embedding and gather are exact
+    let table = bf16_matrix(&mut r, vocab, hidden, 1.0);
+    let ids: Vec<u32> = (0..m).map(|_| r.below(vocab) as u32).collect();
+    let (te_g, te_c) = (g.upload_matrix(&table).unwrap(), c.upload_matrix(&table).unwrap());
+    let eg = g.download(&g.embed(&te_g, &ids).unwrap()).unwrap();
+    let ec = c.embed(&te_c, &ids).unwrap();
+    check("embed", &eg, &ec, 0.0);
+    let rows = [5u32, 0, 36, 5];
+    check("gather_rows", &g.download(&g.gather_rows(&g.upload(&ec).unwrap(), hidden, &rows).unwrap()).unwrap(), &c.gather_rows(&ec, hidden, &rows).unwrap(), 0.0);
+    // norms
+    let x = r.vec(m * hidden, 3.0);
+    let d = r.vec(m * hidden, 1.0);
+    let w = r.vec(hidden, 1.0);
+    let (xg, dg, wg) = (g.upload(&x).unwrap(), g.upload(&d).unwrap(), g.upload(&w).unwrap());
+    check("rms_norm", &g.download(&g.rms_norm(&xg, hidden, &wg, 1e-6).unwrap()).unwrap(), &c.rms_norm(&x, hidden, &w, 1e-6).unwrap(), F32_TOL);
+    let mut res_g = xg.clone();
+    let mut res_c = x.clone();
+    let ng = g.download(&g.add_rms_norm(&mut res_g, &dg, hidden, &wg, 1e-6).unwrap()).unwrap();
+    let nc = c.add_rms_norm(&mut res_c, &d, hidden, &w, 1e-6).unwrap();
+    check("add_rms_norm (norm)", &ng, &nc, F32_TOL);
+    check("add_rms_norm (resid)", &g.download(&res_g).unwrap(), &res_c, F32_TOL);
+    let mut a_g = xg.clone();
+    let mut a_c = x.clone();
+    g.add_inplace(&mut a_g, &dg).unwrap();
+    c.add_inplace(&mut a_c, &d).unwrap();
+    check("add_inplace", &g.download(&a_g).unwrap(), &a_c, F32_TOL);
+    // GEMMs at Moonlight shapes: q_proj 2048 -> 16*192, dense gate_up 2048 -> 2*1408
+    for (name, n, k) in [("linear q_proj", 3072, 2048), ("linear gate_up", 2816, 2048), ("linear down", 2048, 1408)] {
+        let wm = bf16_matrix(&mut r, n, k, 0.05);
+        let xin = r.vec(m * k, 1.0);
+        let got = g.download(&g.linear(&g.upload(&xin).unwrap(), &g.upload_matrix(&wm).unwrap()).unwrap()).unwrap();
+        check(name, &got, &c.linear(&xin, &c.upload_matrix(&wm).unwrap()).unwrap(), GEMM_TOL);
+    }
+    // the MoE router gate is multiplied in f32 (64 experts x 2048)
+    let mut gate = bf16_matrix(&mut r, 64, hidden, 0.05);
+    gate.name = "model.layers.3.mlp.gate.weight".into();
+    let xin = r.vec(m * hidden, 1.0);
+    let got = g.download(&g.linear(&g.upload(&xin).unwrap(), &g.upload_matrix(&gate).unwrap()).unwrap()).unwrap();
+    check("linear router (f32)", &got, &c.linear(&xin, &c.upload_matrix(&gate).unwrap()).unwrap(), 1e-5);
+    // per-head: W_UK^T (16 heads, 128 -> 512) and W_UV (512 -> 128)
+    for (name, heads, n, k) in [("head_linear uk", 16, 512, 128), ("head_linear uv", 16, 128, 512)] {
+        let wm = bf16_matrix(&mut r, heads * n, k, 0.05);
+        let xin = r.vec(m * heads * k, 1.0);
+        let got = g.download(&g.head_linear(&g.upload(&xin).unwrap(), heads, &g.upload_matrix(&wm).unwrap()).unwrap()).unwrap();
+        check(name, &got, &c.head_linear(&xin, heads, &c.upload_matrix(&wm).unwrap()).unwrap(), GEMM_TOL);
+    }
+    let gu = r.vec(m * 2 * 1408, 4.0);
+    check("silu_mul", &g.download(&g.silu_mul(&g.upload(&gu).unwrap(), 1408).unwrap()).unwrap(), &c.silu_mul(&gu, 1408).unwrap(), F32_TOL);
+}
+
+fn rope(r: &mut Rng, interleaved: bool) -> RopeParams {
+    RopeParams { inv_freq: (0..32).map(|i| 50000f32.powf(-(i as f32) / 32.0) * (1.0 + 0.1 * r.f())).collect(), attention_factor: 1.0 + 0.2 * r.f().abs(), interleaved }
+}
+
+#[test]
+fn mla_ops_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = CpuBackend::new();
+    let mut r = Rng(2);
+    let (heads, nope, rd, latent) = (16, 128, 64, 512);
+    for interleaved in [true, false] {
+        let rp = rope(&mut r, interleaved);
+        let m = 29;
+        let pos: Vec<u32> = (0..m).map(|_| r.below(8000) as u32).collect();
+        let q = r.vec(m * heads * (nope + rd), 1.0);
+        let (qn_g, qp_g) = g.mla_split_rope_q(&g.upload(&q).unwrap(), heads, nope, rd, &pos, &rp).unwrap();
+        let (qn_c, qp_c) = c.mla_split_rope_q(&q, heads, nope, rd, &pos, &rp).unwrap();
+        check("split_rope_q nope", &g.download(&qn_g).unwrap(), &qn_c, 0.0);
+        check(if interleaved { "split_rope_q pe (il)" } else { "split_rope_q pe" }, &g.download(&qp_g).unwrap(), &qp_c, 1e-4);
+    }
+    // A pool with 5 sequences of different lengths on scattered pages, 2 layers.
+    let rp = rope(&mut r, true);
+    let layout = KvLayout { layers: 2, num_pages: 64, page_size: 64, latent_dim: latent, rope_dim: rd };
+    let (mut pg, mut pc) = (g.alloc_kv_pool(layout).unwrap(), c.alloc_kv_pool(layout).unwrap());
+    let lens = [1usize, 63, 64, 200, 1000];
+    let mut free: Vec<u32> = (0..64).collect();
+    for i in (1..free.len()).rev() {
+        let j = r.below(i + 1);
+        free.swap(i, j);
+    }
+    let mut tables: Vec<Vec<u32>> = vec![];
+    for &n in &lens {
+        tables.push((0..n.div_ceil(64)).map(|_| free.pop().unwrap()).collect());
+    }
+    let norm_w = r.vec(latent, 1.0);
+    let (nw_g,) = (g.upload(&norm_w).unwrap(),);
+    for layer in 0..2 {
+        for (s, &n) in lens.iter().enumerate() {
+            let kv = r.vec(n * (latent + rd), 2.0);
+            let pos: Vec<u32> = (0..n as u32).collect();
+            let slots: Vec<u32> = (0..n).map(|t| tables[s][t / 64] * 64 + (t % 64) as u32).collect();
+            g.mla_store_kv(&mut pg, layer, &g.upload(&kv).unwrap(), &nw_g, 1e-6, &pos, &slots, &rp).unwrap();
+            c.mla_store_kv(&mut pc, layer, &kv, &norm_w, 1e-6, &pos, &slots, &rp).unwrap();
+        }
+    }
+    // Only the written slots are compared (the rest is zero in both pools).
+    check("store_kv (pool)", &g.download(&pg.data).unwrap(), &pc.data, 1e-4);
+    // Queries: a few rows per sequence at different visible lengths (prefill-like and decode).
+    let mut rows: Vec<AttnRow<'_>> = vec![];
+    for (s, &n) in lens.iter().enumerate() {
+        for ctx in [n, n.div_ceil(2), 1] {
+            rows.push(AttnRow { block_table: &tables[s], ctx_len: ctx });
+        }
+    }
+    let q_lat = r.vec(rows.len() * heads * latent, 0.5);
+    let q_pe = r.vec(rows.len() * heads * rd, 0.5);
+    let scale = 0.07;
+    for layer in 0..2 {
+        let got = g.download(&g.mla_attention(&pg, layer, &g.upload(&q_lat).unwrap(), &g.upload(&q_pe).unwrap(), heads, &rows, scale).unwrap()).unwrap();
+        let want = c.mla_attention(&pc, layer, &q_lat, &q_pe, heads, &rows, scale).unwrap();
+        check("mla_attention", &got, &want, 1e-4);
+    }
+    // Page copies (copy-on-write of shared prefixes).
+    let pairs = [(tables[4][0], free[0]), (tables[3][1], free[1])];
+    g.copy_kv_pages(&mut pg, &pairs).unwrap();
+    c.copy_kv_pages(&mut pc, &pairs).unwrap();
+    check("copy_kv_pages", &g.download(&pg.data).unwrap(), &pc.data, 1e-4);
+}
+
+#[test]
+fn moe_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = CpuBackend::new();
+    let mut r = Rng(3);
+    let (m, hidden, inter, e) = (37, 1024, 352, 32);
+    let cfg = RouterConfig { n_experts: e, top_k: 6, n_group: 4, topk_group: 2, norm_topk_prob: true, routed_scaling_factor: 2.446 };
+    let (mut eg, mut ec) = (vec![], vec![]);
+    for _ in 0..e {
+        let gu = bf16_matrix(&mut r, 2 * inter, hidden, 0.05);
+        let dn = bf16_matrix(&mut r, hidden, inter, 0.05);
+        eg.push(ExpertWeights { gate_up: g.upload_matrix(&gu).unwrap(), down: g.upload_matrix(&dn).unwrap(), inter });
+        ec.push(ExpertWeights { gate_up: c.upload_matrix(&gu).unwrap(), down: c.upload_matrix(&dn).unwrap(), inter });
+    }
+    let x = r.vec(m * hidden, 1.0);
+    let logits = r.vec(m * e, 3.0);
+    let bias = r.vec(e, 0.3);
+    let got = g.download(&g.moe(&g.upload(&x).unwrap(), &g.upload(&logits).unwrap(), &g.upload(&bias).unwrap(), &cfg, &eg).unwrap()).unwrap();
+    let want = c.moe(&x, &logits, &bias, &cfg, &ec).unwrap();
+    check("moe (route + experts)", &got, &want, GEMM_TOL);
+}
+
+#[test]
+fn bad_arguments_are_errors_not_crashes() {
+    let Some(g) = gpu() else { return };
+    let x = g.upload(&[1.0; 10]).unwrap();
+    assert!(g.rms_norm(&x, 3, &x, 1e-6).is_err());
+    assert!(g.gather_rows(&x, 5, &[2]).is_err());
+    let mut r = Rng(4);
+    let t = g.upload_matrix(&bf16_matrix(&mut r, 4, 8, 1.0)).unwrap();
+    assert!(g.embed(&t, &[4]).is_err());
+}
+
+fn golden_dir() -> PathBuf {
+    // The repository root when run from it (the device machine), else relative to this crate.
+    let here = Path::new("tests/golden");
+    if here.is_dir() {
+        return here.to_path_buf();
+    }
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden")
+}
+
+struct GoldenStats {
+    median: f64,
+    worst: f64,
+    within: f64,
+    compared: usize,
+    diverged: usize,
+}
+
+/// Runs one fixture through the CUDA backend (all-f32 or bf16 weights) and compares with the
+/// float64 reference: prompt log-probabilities, and greedy tokens wherever the reference's
+/// top-2 margin exceeds `margin`.
+fn golden(dir: &Path, all_f32: bool, tol: f64, margin: f64) -> GoldenStats {
+    use weft_model::generate::{generate, GenerateRequest};
+    use weft_model::sampling::SamplingParams;
+    let name = dir.file_name().unwrap().to_string_lossy().to_string();
+    let mut be = CudaBackend::new(0).unwrap();
+    be.all_f32 = all_f32;
+    let lm = weft_model::LoadedModel::open(dir, be).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let reference: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    let (mut compared, mut diverged) = (0, 0);
+    let mut errs: Vec<(f64, usize, usize, f64, f64)> = vec![]; // (error, case, position, reference, ours)
+    for (ci, case) in reference["cases"].as_array().unwrap().iter().enumerate() {
+        let prompt: Vec<u32> = case["prompt_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+        let want: Vec<u32> = case["greedy_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+        let margins: Vec<f64> = case["greedy_margins"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+        let req = GenerateRequest { prompt_ids: prompt.clone(), max_tokens: want.len(), params: SamplingParams { temperature: 0.0, ..Default::default() }, logprobs: Some(20), stop_ids: vec![] };
+        let out = generate(&lm.model, &req).unwrap();
+        let plp = case["prompt_logprobs"].as_array().unwrap();
+        for i in 1..prompt.len() {
+            let ours: std::collections::HashMap<u32, f64> = out.prompt_logprobs[i].as_ref().unwrap().iter().copied().collect();
+            let r = plp[i]["token"].as_f64().unwrap();
+            errs.push(((ours[&prompt[i]] - r).abs(), ci, i, r, ours[&prompt[i]]));
+        }
+        for (j, (&a, &b)) in out.token_ids.iter().zip(&want).enumerate() {
+            if margins[j] <= margin {
+                break;
+            }
+            if a != b {
+                diverged += 1;
+                break;
+            }
+            compared += 1;
+        }
+    }
+    errs.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap());
+    let st = GoldenStats { median: errs[errs.len() / 2].0, worst: errs[0].0, within: errs.iter().filter(|e| e.0 <= tol).count() as f64 / errs.len() as f64, compared, diverged };
+    eprintln!(
+        "{name} (cuda, {}): prompt logprob error median {:.2e}, worst {:.2e}, {:.1}% of {} positions within {tol}; {compared} greedy tokens identical, {diverged} divergences past margin {margin}; worst (err, case, pos, reference, ours): {:?}",
+        if all_f32 { "f32 weights" } else { "bf16" },
+        st.median,
+        st.worst,
+        st.within * 100.0,
+        errs.len(),
+        &errs[..3.min(errs.len())]
+    );
+    st
+}
+
+fn golden_fixtures() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(golden_dir()).unwrap().filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.join("reference.json").exists()).collect();
+    dirs.sort();
+    assert!(dirs.len() >= 2);
+    dirs
+}
+
+/// With f32 weights and f32 GEMMs the CUDA path must match transformers float64 as tightly as
+/// the CPU reference does (same tolerance as runtime/model/tests/golden.rs): this is what shows
+/// the kernels are right, independently of precision.
+#[test]
+fn golden_fixtures_through_cuda_f32() {
+    if gpu().is_none() {
+        return;
+    }
+    for dir in golden_fixtures() {
+        let st = golden(&dir, true, 1e-3, 1e-3);
+        assert!(st.worst < 1e-3, "{}: worst logprob error {}", dir.display(), st.worst);
+        assert_eq!(st.diverged, 0);
+        assert!(st.compared > 20);
+    }
+}
+
+/// The serving configuration (bf16 weights and GEMM inputs, f32 router): bf16-level error in the
+/// bulk. Measured on an H200: median 1e-2 on both fixtures; the Kimi-like fixture is within 0.04
+/// everywhere, the group-routed v3 fixture has 4% of positions past 0.05 (worst 1.6) — near-tied
+/// expert groups chosen differently under bf16 noise; the f32 run above has none.
+#[test]
+fn golden_fixtures_through_cuda_bf16() {
+    if gpu().is_none() {
+        return;
+    }
+    for dir in golden_fixtures() {
+        let st = golden(&dir, false, BF16_LOGPROB_TOL, BF16_MARGIN);
+        assert!(st.median < 0.02, "{}: median logprob error {}", dir.display(), st.median);
+        assert!(st.within > 0.9, "{}: only {:.1}% of positions within {BF16_LOGPROB_TOL}", dir.display(), st.within * 100.0);
+        assert!(st.compared > 20, "{}: only {} greedy tokens compared", dir.display(), st.compared);
+    }
+}
+
+/// bf16 weights and bf16 GEMM inputs against a float64 reference.
+const BF16_LOGPROB_TOL: f64 = 5e-2;
+const BF16_MARGIN: f64 = 5e-2;
