@@ -144,6 +144,11 @@ impl Backend for CudaBackend {
         "cuda"
     }
 
+    fn memory_info(&self) -> Option<(usize, usize)> {
+        self.ctx.bind_to_thread().ok()?;
+        cudarc::driver::result::mem_get_info().ok()
+    }
+
     fn upload_matrix(&self, m: &HostMatrix<'_>) -> Result<CudaMatrix> {
         m.validate()?;
         let bits: Vec<u16> = if m.dtype == WeightDtype::Bf16 {

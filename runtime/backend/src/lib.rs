@@ -91,6 +91,12 @@ pub trait Backend: Send + Sync + 'static {
 
     fn name(&self) -> &'static str;
 
+    /// `(free, total)` bytes of the memory this backend allocates from, when it can tell
+    /// (sizing the KV pool from a memory fraction).
+    fn memory_info(&self) -> Option<(usize, usize)> {
+        None
+    }
+
     // ---- memory ----
     fn upload_matrix(&self, m: &HostMatrix<'_>) -> Result<Self::Matrix>;
     fn upload(&self, data: &[f32]) -> Result<Self::Buf>;

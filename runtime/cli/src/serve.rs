@@ -28,9 +28,13 @@ pub struct ServeArgs {
     /// The `model` name clients use (default: the model directory's name).
     #[arg(long)]
     served_model_name: Option<String>,
-    /// KV cache pool size in pages.
-    #[arg(long, default_value_t = 512)]
-    num_pages: usize,
+    /// KV cache pool size in pages (default 512, or what --kv-memory-fraction allows).
+    #[arg(long, conflicts_with = "kv_memory_fraction")]
+    num_pages: Option<usize>,
+    /// Size the KV pool so that this process uses at most this fraction of the backend's total
+    /// memory (device memory on a GPU), weights included — vLLM's --gpu-memory-utilization.
+    #[arg(long)]
+    kv_memory_fraction: Option<f64>,
     /// Tokens per KV page.
     #[arg(long, default_value_t = 64)]
     page_size: usize,
@@ -80,7 +84,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
 }
 
 fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String) -> Result<()> {
-    if a.page_size == 0 || a.num_pages == 0 || a.token_budget == 0 || a.max_sequences == 0 {
+    if a.page_size == 0 || a.num_pages == Some(0) || a.token_budget == 0 || a.max_sequences == 0 {
         bail!("--num-pages, --page-size, --token-budget and --max-sequences must all be at least 1");
     }
     let dir = a.model.clone().unwrap_or_else(crate::default_model_dir);
@@ -94,6 +98,24 @@ fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String) -> Result<()> {
     let tdir = if dir.join("tokenizer.json").exists() { dir.clone() } else { crate::default_model_dir() };
     let tokenizer = Arc::new(TextTokenizer::from_dir(&tdir)?);
     let defaults = lm.defaults.clone();
+    let num_pages = match (a.num_pages, a.kv_memory_fraction) {
+        (Some(n), _) => n,
+        (None, None) => 512,
+        (None, Some(f)) => {
+            if !(f > 0.0 && f <= 1.0) {
+                bail!("--kv-memory-fraction {f}: must be in (0, 1]");
+            }
+            let (free, total) = lm.model.backend.memory_info().with_context(|| format!("--kv-memory-fraction: the {} backend cannot report its memory; use --num-pages", lm.model.backend.name()))?;
+            let per_page = lm.model.kv_layout(1, a.page_size).bytes_per_page_f32();
+            let budget = (total as f64 * f) as i64 - (total - free) as i64;
+            let n = budget.max(0) as usize / per_page;
+            if n == 0 {
+                bail!("--kv-memory-fraction {f}: {:.1} GiB of {:.1} GiB are already in use, nothing is left for the KV cache", (total - free) as f64 / (1u64 << 30) as f64, total as f64 / (1u64 << 30) as f64);
+            }
+            tracing::info!(pages = n, page_bytes = per_page, "KV pool sized from --kv-memory-fraction");
+            n
+        }
+    };
     let limits = SandboxLimits { memory_bytes: a.plugin_memory_mib << 20, deadline: Duration::from_millis(a.plugin_deadline_ms) };
     let registry = Arc::new(Registry::with_defaults(limits).context("loading the default plugins")?);
     if let Some(pd) = &a.plugin_dir {
@@ -105,7 +127,7 @@ fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String) -> Result<()> {
         }
         registry.watch_dir(pd.clone(), Duration::from_secs(2));
     }
-    let cfg = EngineConfig { num_pages: a.num_pages, page_size: a.page_size, token_budget: a.token_budget, max_sequences: a.max_sequences };
+    let cfg = EngineConfig { num_pages, page_size: a.page_size, token_budget: a.token_budget, max_sequences: a.max_sequences };
     let engine = Arc::new(Engine::start(lm, registry, cfg)?);
     let server_cfg = ServerConfig { model_name: name.clone(), max_body_bytes: a.max_body_bytes, admin_token: a.admin_token.clone().filter(|t| !t.is_empty()), ..Default::default() };
     let admin = if server_cfg.admin_token.is_some() { "on" } else { "off (set --admin-token)" };
@@ -114,7 +136,7 @@ fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String) -> Result<()> {
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port)).await.with_context(|| format!("binding {}:{}", a.host, a.port))?;
         let addr = listener.local_addr()?;
-        println!("weft: serving `{name}` on http://{addr} ({what}, {} KV pages of {} tokens, admin API {admin})", a.num_pages, a.page_size);
+        println!("weft: serving `{name}` on http://{addr} ({what}, {num_pages} KV pages of {} tokens, admin API {admin})", a.page_size);
         use std::io::Write;
         std::io::stdout().flush()?;
         weft_server::serve(listener, state, shutdown_signal(), Duration::from_secs(a.shutdown_grace_secs)).await?;

@@ -33,7 +33,8 @@ impl Drop for Server {
 
 fn start(extra: &[&str]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
-        .args(["serve", "--port", "0", "--admin-token", TOKEN, "--num-pages", "256"])
+        .args(["serve", "--port", "0", "--admin-token", TOKEN])
+        .args(if extra.iter().any(|a| a.starts_with("--kv-memory")) { &[][..] } else { &["--num-pages", "256"][..] })
         .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -147,4 +148,31 @@ fn sigterm_grace_period_aborts_what_is_left() {
     let status = server.child.wait().unwrap();
     assert!(status.success(), "{status:?}");
     assert!(t.elapsed() < Duration::from_secs(20), "took {:?}", t.elapsed());
+}
+
+fn meminfo(key: &str) -> u64 {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap();
+    text.lines().find(|l| l.starts_with(key)).unwrap().split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+#[test]
+fn kv_pool_sized_from_a_memory_fraction() {
+    let bad = Command::new(env!("CARGO_BIN_EXE_weft")).args(["serve", "--port", "0", "--kv-memory-fraction", "1.5"]).output().unwrap();
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("must be in (0, 1]"));
+    let tiny = Command::new(env!("CARGO_BIN_EXE_weft")).args(["serve", "--port", "0", "--kv-memory-fraction", "0.000001"]).output().unwrap();
+    assert!(!tiny.status.success() && String::from_utf8_lossy(&tiny.stderr).contains("nothing is left for the KV cache"), "{}", String::from_utf8_lossy(&tiny.stderr));
+    // Room for about 1 GiB of KV cache beyond what is in use now.
+    let (total, avail) = (meminfo("MemTotal:"), meminfo("MemAvailable:"));
+    let f = ((total - avail + (1 << 30)) as f64 / total as f64).min(1.0);
+    let s = start(&["--kv-memory-fraction", &format!("{f:.6}")]);
+    let mut line = String::new();
+    // `start` consumed the banner; ask the server for its pool size instead.
+    let mut c = TcpStream::connect(&s.addr).unwrap();
+    write!(c, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    c.read_to_string(&mut line).unwrap();
+    let body: Value = serde_json::from_str(line.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    let pages = body["engine"]["kv_pages"]["total"].as_u64().unwrap();
+    // The demo model's page is 4 layers x 64 tokens x (latent + rope) f32: about 1 GiB / page
+    // bytes pages, give or take what other processes did meanwhile.
+    assert!(pages > 1000, "{pages} pages from --kv-memory-fraction {f}");
 }

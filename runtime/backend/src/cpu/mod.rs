@@ -57,6 +57,13 @@ impl Backend for CpuBackend {
         "cpu"
     }
 
+    /// MemAvailable and MemTotal from /proc/meminfo (Linux).
+    fn memory_info(&self) -> Option<(usize, usize)> {
+        let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let field = |k: &str| -> Option<usize> { text.lines().find(|l| l.starts_with(k))?.split_whitespace().nth(1)?.parse::<usize>().ok().map(|kb| kb * 1024) };
+        Some((field("MemAvailable:")?, field("MemTotal:")?))
+    }
+
     fn upload_matrix(&self, m: &HostMatrix<'_>) -> Result<CpuMatrix> {
         m.validate()?;
         let mut data = vec![0f32; m.rows * m.cols];
