@@ -1,6 +1,6 @@
 //! `weft bench serve`: drives any OpenAI-compatible completions endpoint (weft, vLLM, SGLang)
 //! with random-token prompts of fixed input/output lengths (`ignore_eos` so lengths hold) at
-//! each max-concurrency of a sweep, and reports request and token throughput with mean /
+//! each max-concurrency of a sweep (optionally with Poisson arrivals at a request rate), and reports request and token throughput with mean /
 //! median / p99 TTFT, TPOT, ITL and end-to-end latency, as a table and as JSON.
 
 use anyhow::{bail, Context, Result};
@@ -29,6 +29,9 @@ pub struct BenchServeArgs {
     /// Max concurrent requests; a comma-separated list runs a sweep.
     #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
     concurrency: Vec<usize>,
+    /// Poisson arrivals at this many requests/s (default: all at once, limited by concurrency).
+    #[arg(long)]
+    request_rate: Option<f64>,
     /// Requests per concurrency level (default: 4 × the concurrency, at least 8).
     #[arg(long)]
     num_prompts: Option<usize>,
@@ -142,19 +145,36 @@ fn run_level(a: &BenchServeArgs, model: &str, c: usize) -> Value {
             json!({"model": model, "prompt": ids, "max_tokens": a.output_len, "stream": true, "stream_options": {"include_usage": true}, "ignore_eos": true, "temperature": 1.0, "seed": splitmix(&mut rng) >> 1})
         })
         .collect();
+    // Arrival offsets: exponential gaps at --request-rate, else all at t=0.
+    let mut t = 0.0f64;
+    let arrivals: Vec<f64> = (0..n)
+        .map(|_| {
+            let at = t;
+            if let Some(r) = a.request_rate {
+                let u = ((splitmix(&mut rng) >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+                t += -u.ln() / r;
+            }
+            at
+        })
+        .collect();
+    let arrivals = Arc::new(arrivals);
     let bodies = Arc::new(bodies);
     let next = Arc::new(AtomicUsize::new(0));
     let records = Arc::new(Mutex::new(vec![]));
     let t0 = Instant::now();
     let threads: Vec<_> = (0..c.min(n))
         .map(|_| {
-            let (bodies, next, records, url, in_len) = (bodies.clone(), next.clone(), records.clone(), a.url.trim_end_matches('/').to_string(), a.input_len);
+            let (bodies, next, records, url, in_len, arrivals) = (bodies.clone(), next.clone(), records.clone(), a.url.trim_end_matches('/').to_string(), a.input_len, arrivals.clone());
             std::thread::spawn(move || {
                 let agent = ureq::AgentBuilder::new().timeout_read(Duration::from_secs(600)).build();
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     if i >= bodies.len() {
                         break;
+                    }
+                    let wait = arrivals[i] - t0.elapsed().as_secs_f64();
+                    if wait > 0.0 {
+                        std::thread::sleep(Duration::from_secs_f64(wait));
                     }
                     let r = one_request(&agent, &url, &bodies[i], in_len);
                     records.lock().unwrap().push(r);
@@ -202,6 +222,9 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
     if a.concurrency.iter().any(|&c| c == 0) || a.input_len == 0 || a.output_len == 0 {
         bail!("--concurrency, --input-len and --output-len must be at least 1");
     }
+    if a.request_rate.is_some_and(|r| !(r > 0.0 && r.is_finite())) {
+        bail!("--request-rate must be a positive number of requests per second");
+    }
     let agent = ureq::AgentBuilder::new().build();
     let model = match &a.model {
         Some(m) => m.clone(),
@@ -224,7 +247,7 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
         );
     }
     if let Some(p) = &a.json {
-        let doc = json!({"url": a.url, "model": model, "input_len": a.input_len, "output_len": a.output_len, "results": levels});
+        let doc = json!({"url": a.url, "model": model, "input_len": a.input_len, "output_len": a.output_len, "request_rate": a.request_rate, "results": levels});
         std::fs::write(p, serde_json::to_string_pretty(&doc)?).with_context(|| format!("writing {}", p.display()))?;
     }
     Ok(())

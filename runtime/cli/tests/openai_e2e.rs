@@ -176,3 +176,29 @@ fn kv_pool_sized_from_a_memory_fraction() {
     // bytes pages, give or take what other processes did meanwhile.
     assert!(pages > 1000, "{pages} pages from --kv-memory-fraction {f}");
 }
+
+#[test]
+fn bench_serve_drives_a_live_server() {
+    let s = start(&[]);
+    let json_path = std::env::temp_dir().join(format!("weft-bench-{}.json", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["bench", "serve", "--url", &format!("http://{}", s.addr), "--input-len", "32", "--output-len", "8", "--concurrency", "1,4", "--num-prompts", "6", "--request-rate", "50", "--json"])
+        .arg(&json_path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("| conc |") && table.lines().filter(|l| l.starts_with("| 1 |") || l.starts_with("| 4 |")).count() == 2, "{table}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json_path);
+    for level in v["results"].as_array().unwrap() {
+        assert_eq!(level["completed"], 6, "{level}");
+        assert_eq!(level["failed"], 0, "{level}");
+        assert!(level["ttft_ms"]["median"].as_f64().unwrap() > 0.0);
+        // 8 output tokens per request, as asked (ignore_eos).
+        let per_req = level["output_tokens_per_s"].as_f64().unwrap() * level["duration_s"].as_f64().unwrap() / 6.0;
+        assert!((per_req - 8.0).abs() < 1e-6, "{per_req}");
+    }
+    let bad = Command::new(env!("CARGO_BIN_EXE_weft")).args(["bench", "serve", "--url", &format!("http://{}", s.addr), "--request-rate", "0"]).output().unwrap();
+    assert!(!bad.status.success());
+}
