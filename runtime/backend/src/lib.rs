@@ -6,6 +6,7 @@
 
 pub mod cpu;
 pub mod dtype;
+pub mod dummy;
 
 pub use dtype::{BlockScales, HostMatrix, WeightDtype};
 
@@ -99,6 +100,12 @@ pub trait Backend: Send + Sync + 'static {
 
     // ---- memory ----
     fn upload_matrix(&self, m: &HostMatrix<'_>) -> Result<Self::Matrix>;
+    /// A `--load-format dummy` weight made in backend memory without a host copy; `None`
+    /// when the backend has no generator of its own (the caller generates on the host and
+    /// uploads, which gives the same values).
+    fn dummy_matrix(&self, _spec: &dummy::DummySpec) -> Option<Result<Self::Matrix>> {
+        None
+    }
     fn upload(&self, data: &[f32]) -> Result<Self::Buf>;
     fn download(&self, buf: &Self::Buf) -> Result<Vec<f32>>;
     fn alloc_kv_pool(&self, layout: KvLayout) -> Result<Self::KvPool>;

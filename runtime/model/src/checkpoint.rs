@@ -66,18 +66,15 @@ pub struct Checkpoint {
 }
 
 /// Deterministic pseudo-random values for a dummy tensor, from its name and the seed.
-fn dummy_values(name: &str, seed: u64, n: usize, scale: f32) -> impl Iterator<Item = f32> + '_ {
-    let mut h = seed ^ 0xcbf2_9ce4_8422_2325;
-    for b in name.bytes() {
-        h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
-    }
-    (0..n as u64).map(move |i| {
-        let mut z = h.wrapping_add(i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        ((z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-    })
+fn dummy_values(name: &str, seed: u64, n: usize, scale: f32) -> impl Iterator<Item = f32> {
+    let h = weft_backend::dummy::name_hash(name, seed);
+    (0..n as u64).map(move |i| weft_backend::dummy::value(h, i) * scale)
+}
+
+/// Whether a real block-fp8 checkpoint stores this tensor in fp8: the decoder layers' linear
+/// projections (attention, dense MLP, experts); not embeddings, lm_head, norms or the router.
+pub fn fp8_in_checkpoints(name: &str) -> bool {
+    name.starts_with("model.layers.") && name.ends_with("_proj.weight")
 }
 
 fn file_err(path: &Path, reason: impl std::fmt::Display) -> CheckpointError {
@@ -131,11 +128,27 @@ impl Checkpoint {
         Ok(Checkpoint { shards, index, fp8_block, dummy: None })
     }
 
-    /// vLLM's `--load-format dummy`: no weight files; every matrix is bf16 uniform noise scaled
+    /// vLLM's `--load-format dummy`: no weight files; every matrix is uniform noise scaled
     /// by 1/sqrt(cols) (activations stay bounded through the layers), norms are 1, routing
-    /// biases 0. Real shapes can be run and benchmarked from a `config.json` alone.
-    pub fn dummy(seed: u64) -> Self {
-        Checkpoint { shards: vec![], index: HashMap::new(), fp8_block: None, dummy: Some(seed) }
+    /// biases 0. Real shapes can be run and benchmarked from a `config.json` alone. With an fp8
+    /// block size (the config's `quantization_config`), the tensors a block-fp8 checkpoint
+    /// quantizes are fp8 e4m3 with block scales, as in the real checkpoint.
+    pub fn dummy(seed: u64, fp8_block: Option<(usize, usize)>) -> Self {
+        Checkpoint { shards: vec![], index: HashMap::new(), fp8_block, dummy: Some(seed) }
+    }
+
+    /// The recipe of a dummy matrix stacking the named `(tensor, rows)` parts, `None` for a
+    /// checkpoint with files.
+    pub fn dummy_spec(&self, name: &str, parts: &[(&str, usize)], cols: usize) -> Option<weft_backend::dummy::DummySpec> {
+        let seed = self.dummy?;
+        let fp8 = parts.iter().all(|p| fp8_in_checkpoints(p.0));
+        Some(weft_backend::dummy::DummySpec {
+            name: name.into(),
+            parts: parts.iter().map(|&(n, r)| (weft_backend::dummy::name_hash(n, seed), r)).collect(),
+            cols,
+            scale: 1.0 / (cols.max(1) as f32).sqrt(),
+            fp8_block: if fp8 { self.fp8_block } else { None },
+        })
     }
 
     pub fn is_dummy(&self) -> bool {
@@ -173,10 +186,8 @@ impl Checkpoint {
 
     /// A 2-D weight `[rows, cols]`; fp8 weights come with their `<name>_scale_inv` block scales.
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<HostMatrix<'_>> {
-        if let Some(seed) = self.dummy {
-            let scale = 1.0 / (cols.max(1) as f32).sqrt();
-            let bytes: Vec<u8> = dummy_values(name, seed, rows * cols, scale).flat_map(|v| half::bf16::from_f32(v).to_bits().to_le_bytes()).collect();
-            return Ok(HostMatrix { name: name.into(), rows, cols, dtype: WeightDtype::Bf16, bytes: std::borrow::Cow::Owned(bytes), scales: None });
+        if let Some(spec) = self.dummy_spec(name, &[(name, rows)], cols) {
+            return Ok(spec.host());
         }
         let (v, path) = self.view(name)?;
         if v.shape() != [rows, cols] {

@@ -67,7 +67,7 @@ impl<B: Backend> LoadedModel<B> {
         let tdir = if dir.join("tokenizer.json").exists() { dir } else { tokenizer_dir };
         let tokenizer = tokenizer::TextTokenizer::from_dir(tdir)?;
         let defaults = tokenizer::GenerationDefaults::from_dir(dir)?;
-        let ck = checkpoint::Checkpoint::dummy(0x5eed);
+        let ck = checkpoint::Checkpoint::dummy(0x5eed, cfg.fp8_block);
         let weights = weights::ModelWeights::load(&ck, &cfg, &backend)?;
         Ok(LoadedModel { dir: dir.to_path_buf(), model: DeepseekV3::new(cfg, weights, backend), tokenizer, defaults })
     }

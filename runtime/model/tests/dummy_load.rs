@@ -36,3 +36,32 @@ fn dummy_needs_a_config() {
     assert!(err.to_string().contains("config.json"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// With a `quantization_config`, the dummy stores what a block-fp8 checkpoint stores in fp8
+/// (the layers' projections) as fp8 e4m3 with block scales, and the rest in bf16; the model
+/// still runs and stays finite.
+#[test]
+fn fp8_config_gives_fp8_projections() {
+    use weft_backend::WeightDtype;
+    use weft_model::checkpoint::Checkpoint;
+    let ck = Checkpoint::dummy(7, Some((128, 128)));
+    let proj = ck.matrix("model.layers.1.mlp.experts.0.gate_proj.weight", 256, 384).unwrap();
+    assert_eq!(proj.dtype, WeightDtype::Fp8E4M3);
+    assert_eq!(proj.scales.as_ref().unwrap().scales.len(), 2 * 3);
+    for name in ["model.embed_tokens.weight", "lm_head.weight", "model.layers.1.mlp.gate.weight"] {
+        assert_eq!(ck.matrix(name, 64, 256).unwrap().dtype, WeightDtype::Bf16, "{name}");
+    }
+    // the demo architecture with fp8 blocks of 32 (its widths are 64-256)
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
+    let dir = std::env::temp_dir().join(format!("weft-dummy-fp8-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(demo.join("config.json")).unwrap()).unwrap();
+    cfg["quantization_config"] = serde_json::json!({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [32, 32]});
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    let lm = LoadedModel::open_dummy(&dir, CpuBackend::new(), &demo).unwrap();
+    let req = GenerateRequest { prompt_ids: vec![0, 75, 76, 300], max_tokens: 4, params: SamplingParams { temperature: 0.0, ..Default::default() }, logprobs: Some(2), stop_ids: vec![] };
+    let out = generate(&lm.model, &req).unwrap();
+    assert_eq!(out.token_ids.len(), 4);
+    assert!(out.logprobs.iter().flatten().all(|lp| lp.1.is_finite()));
+    let _ = std::fs::remove_dir_all(&dir);
+}
