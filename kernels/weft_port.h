@@ -5,6 +5,7 @@
 typedef unsigned int u32;
 typedef unsigned short u16;
 typedef long long i64;
+typedef unsigned long long u64;
 // NVRTC and hipRTC compile without the C library headers: no INFINITY macro.
 #define WEFT_INF __int_as_float(0x7f800000)
 
@@ -41,4 +42,42 @@ __device__ __forceinline__ float block_max(float v, float* sh) {
     float r = sh[0];
     __syncthreads();
     return r;
+}
+
+// Sub-group ("warp" on NVIDIA, "wavefront" on AMD) width and butterfly sum. Code that splits
+// work across lanes uses WEFT_WARP, never a literal 32.
+#if defined(__HIPCC_RTC__) || defined(__HIP_DEVICE_COMPILE__)
+#define WEFT_WARP warpSize
+__device__ __forceinline__ float lane_xor(float v, int o) { return __shfl_xor(v, o); }
+#else
+#define WEFT_WARP 32
+__device__ __forceinline__ float lane_xor(float v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
+#endif
+
+// Sum over the sub-group; every lane gets the total.
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = WEFT_WARP / 2; o > 0; o >>= 1) v += lane_xor(v, o);
+    return v;
+}
+
+// OCP fp8 e4m3 ("e4m3fn") to f32: bias 7, subnormals m * 2^-9, 0x7f/0xff NaN, no infinities.
+__device__ __forceinline__ float fp8_to_f32(u32 b) {
+    u32 e = (b >> 3) & 0xfu, m = b & 7u;
+    float v = e ? __uint_as_float(((e + 120u) << 23) | (m << 20)) : (float)m * 0.001953125f;
+    if (e == 15u && m == 7u) v = __uint_as_float(0x7fc00000u);
+    return (b & 0x80u) ? -v : v;
+}
+
+// f32 to e4m3, round to nearest even, saturating at ±448 (what the dummy weights use; the same
+// arithmetic as weft_backend::dummy::e4m3 on the host, so both produce identical bytes).
+__device__ __forceinline__ u32 f32_to_fp8(float x) {
+    u32 s = (__float_as_uint(x) >> 31) ? 0x80u : 0u;
+    float a = fabsf(x);
+    if (!(a < 448.f)) return s | 0x7eu;
+    int e = (int)((__float_as_uint(a) >> 23) & 0xffu) - 127;
+    if (e < -6) return s | (u32)rintf(a * 512.f);
+    float q = rintf((a / __uint_as_float((u32)(e + 127) << 23) - 1.f) * 8.f);
+    if (q >= 8.f) { e += 1; q = 0.f; }
+    u32 code = ((u32)(e + 7) << 3) | (u32)q;
+    return s | (code > 0x7eu ? 0x7eu : code);
 }

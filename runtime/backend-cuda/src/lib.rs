@@ -1,15 +1,23 @@
-//! The CUDA backend. Weights live on the device in bf16 (fp8 block-scaled checkpoints are
-//! dequantized to bf16 at load for now), activations in f32; GEMMs are cuBLAS bf16×bf16 with
-//! f32 accumulation and output; everything else is a kernel from `kernels/weft.cu`, compiled
-//! with NVRTC for the device's architecture when the backend starts. Router gates stay f32. cudarc loads libcuda,
-//! NVRTC and cuBLAS dynamically, so this crate builds everywhere and `CudaBackend::new` returns
-//! `Unavailable` on machines without them.
+//! The CUDA backend. Weights live on the device in bf16, or in fp8 e4m3 with their block
+//! scales when the checkpoint is block-fp8 (read as fp8 by the weight-streaming kernels,
+//! dequantized into a scratch buffer for the tensor-core GEMM of large batches); activations
+//! are f32. Router gates stay f32. Kernels come from `kernels/` and are compiled with NVRTC for
+//! the device's architecture when the backend starts; cudarc loads libcuda, NVRTC and cuBLAS
+//! dynamically, so this crate builds everywhere and `CudaBackend::new` returns `Unavailable`
+//! on machines without them.
 //!
-//! Correctness-first: MoE routing runs on the host (gate logits are downloaded), experts run
-//! one cuBLAS call pair per active expert, and attention is a plain online-softmax kernel.
+//! Decode-sized batches (a few tokens) take weight-streaming paths that read each weight once
+//! per step (`gemv`, `moe`: routing, expert plan and experts on the device, no host round
+//! trip); larger batches use cuBLAS bf16 GEMMs with f32 accumulation, and MoE routing on the
+//! host with one GEMM pair per active expert. Attention is split along the context (`mla`).
 //! Every op is checked against the CPU reference (`tests/kernels.rs`).
 
+mod dummy;
+mod gemv;
+mod mla;
+mod moe;
 mod ops;
+mod uploads;
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream};
@@ -17,17 +25,80 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use weft_backend::{BackendError, KvLayout, Result};
 
-pub const KERNEL_SOURCE: &str = concat!(include_str!("../../../kernels/weft_port.h"), "\n", include_str!("../../../kernels/weft.cu"));
-const KERNELS: &[&str] = &["cast_f32_bf16", "embed_bf16", "gather_rows", "rms_norm", "add_rms_norm", "add_inplace", "silu_mul", "split_rope_q", "store_kv", "mla_attention", "scatter_add_weighted", "fill_f32"];
+pub const KERNEL_SOURCE: &str = concat!(
+    include_str!("../../../kernels/weft_port.h"),
+    "\n",
+    include_str!("../../../kernels/weft.cu"),
+    "\n",
+    include_str!("../../../kernels/gemv.cu"),
+    "\n",
+    include_str!("../../../kernels/moe.cu"),
+    "\n",
+    include_str!("../../../kernels/mla.cu"),
+    "\n",
+    include_str!("../../../kernels/dummy.cu"),
+);
+const KERNELS: &[&str] = &[
+    "cast_f32_bf16",
+    "embed_bf16",
+    "gather_rows",
+    "rms_norm",
+    "add_rms_norm",
+    "add_inplace",
+    "silu_mul",
+    "split_rope_q",
+    "store_kv",
+    "mla_attention",
+    "scatter_add_weighted",
+    "fill_f32",
+    "gemv_bf16",
+    "gemv_fp8",
+    "dequant_fp8_bf16",
+    "moe_route",
+    "moe_plan",
+    "moe_gate_up_bf16",
+    "moe_gate_up_fp8",
+    "moe_down_bf16",
+    "moe_down_fp8",
+    "moe_combine",
+    "mla_decode",
+    "mla_combine",
+    "dummy_bf16",
+    "dummy_fp8",
+];
 
-/// A weight matrix `[rows, cols]` on the device: bf16, except MoE router gates, which are
-/// kept in f32 and multiplied in f32 — expert selection is a discrete choice, and bf16 rounding
-/// of the router's inputs flips near-tied experts (measured on the golden fixtures).
+/// A weight matrix `[rows, cols]` on the device: bf16 (`data`), or fp8 with block scales
+/// (`fp8`; `data` is then a one-element placeholder), except MoE router gates, which are kept
+/// in f32 and multiplied in f32 — expert selection is a discrete choice, and bf16 rounding of
+/// the router's inputs flips near-tied experts (measured on the golden fixtures).
 pub struct CudaMatrix {
     pub rows: usize,
     pub cols: usize,
     pub data: CudaSlice<u16>,
     pub f32_data: Option<CudaSlice<f32>>,
+    pub fp8: Option<Fp8Weight>,
+}
+
+/// An fp8 e4m3 weight as the checkpoint stores it: one byte per element and f32 scales per
+/// `block_rows × block_cols` block (`weight_scale_inv`; dequantized = fp8 × scale).
+pub struct Fp8Weight {
+    pub bytes: CudaSlice<u8>,
+    pub scales: CudaSlice<f32>,
+    pub block_rows: usize,
+    pub block_cols: usize,
+}
+
+impl Fp8Weight {
+    fn grid_cols(&self, cols: usize) -> usize {
+        cols.div_ceil(self.block_cols)
+    }
+}
+
+impl CudaMatrix {
+    /// Device bytes this weight occupies.
+    pub fn device_bytes(&self) -> usize {
+        self.data.len() * 2 + self.f32_data.as_ref().map_or(0, |f| f.len() * 4) + self.fp8.as_ref().map_or(0, |f| f.bytes.len() + f.scales.len() * 4)
+    }
 }
 
 /// Whether a weight is multiplied in f32 (the MoE router gate).
@@ -55,6 +126,14 @@ pub struct CudaBackend {
     /// Keep every weight in f32 and multiply in f32 (`WEFT_CUDA_F32=1`): a debugging mode that
     /// separates precision effects from bugs when comparing with the CPU reference.
     pub all_f32: bool,
+    /// Use only the large-batch paths (cuBLAS, host MoE routing, single-split attention):
+    /// `WEFT_CUDA_SLOW=1`, for comparisons.
+    pub slow_paths: bool,
+    pub num_sms: usize,
+    /// Largest dynamic shared memory a block may opt into.
+    pub smem_optin: usize,
+    uploads: uploads::UploadCache,
+    expert_tables: Mutex<HashMap<u64, Arc<moe::ExpertTables>>>,
 }
 
 fn dev(e: impl std::fmt::Debug) -> BackendError {
@@ -100,11 +179,31 @@ impl CudaBackend {
         for &k in KERNELS {
             funcs.insert(k, module.load_function(k).map_err(|e| BackendError::Device(format!("kernel {k}: {e:?}")))?);
         }
+        use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+        let num_sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(dev)? as usize;
+        let smem_optin = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).map_err(dev)? as usize;
+        funcs["mla_decode"].set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_optin as i32).map_err(dev)?;
         let stream = ctx.default_stream();
         let blas = std::panic::catch_unwind(|| CudaBlas::new(stream.clone())).map_err(|_| unavailable("cuBLAS could not be loaded".into()))?.map_err(dev)?;
         let poison = std::env::var("WEFT_CUDA_POISON").is_ok_and(|v| v == "1");
         let all_f32 = std::env::var("WEFT_CUDA_F32").is_ok_and(|v| v == "1");
-        Ok(CudaBackend { ctx, stream, blas: Mutex::new(blas), _module: module, funcs, arch: arch.to_string(), device_name, poison, all_f32 })
+        let slow_paths = std::env::var("WEFT_CUDA_SLOW").is_ok_and(|v| v == "1");
+        Ok(CudaBackend {
+            ctx,
+            stream,
+            blas: Mutex::new(blas),
+            _module: module,
+            funcs,
+            arch: arch.to_string(),
+            device_name,
+            poison,
+            all_f32,
+            slow_paths,
+            num_sms,
+            smem_optin,
+            uploads: uploads::UploadCache::default(),
+            expert_tables: Mutex::new(HashMap::new()),
+        })
     }
 
     fn func(&self, name: &str) -> &CudaFunction {

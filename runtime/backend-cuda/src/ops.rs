@@ -2,7 +2,7 @@
 //! the small host-side arrays each op takes (ids, positions, slots, block tables), kernel
 //! launches and cuBLAS calls.
 
-use crate::{dev, CudaBackend, CudaKvPool, CudaMatrix};
+use crate::{dev, CudaBackend, CudaKvPool, CudaMatrix, Fp8Weight};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use std::ffi::c_void;
@@ -14,15 +14,6 @@ const BLOCK: u32 = 256;
 enum Weight<'a> {
     Bf16(&'a CudaSlice<u16>),
     F32(&'a CudaSlice<f32>),
-}
-
-impl<'a> Weight<'a> {
-    fn of(w: &'a CudaMatrix) -> Self {
-        match &w.f32_data {
-            Some(f) => Weight::F32(f),
-            None => Weight::Bf16(&w.data),
-        }
-    }
 }
 
 fn shape(op: &'static str, reason: String) -> BackendError {
@@ -40,13 +31,42 @@ fn cfg(grid: usize, shared: u32) -> LaunchConfig {
     LaunchConfig { grid_dim: (grid.max(1) as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: shared }
 }
 
-fn flat(n: usize) -> LaunchConfig {
+pub(crate) fn flat(n: usize) -> LaunchConfig {
     cfg(n.div_ceil(BLOCK as usize).clamp(1, 65535), 0)
+}
+
+/// A checkpoint matrix onto the device: bf16 stays bf16; fp8 stays fp8 with its block scales
+/// (except embedding tables, which the gather kernel reads as bf16); f16/f32 become bf16.
+/// Router gates (and every weight in `all_f32` mode) also get an f32 copy.
+pub(crate) fn upload(be: &CudaBackend, m: &HostMatrix<'_>) -> Result<CudaMatrix> {
+    m.validate()?;
+    let wants_f32 = (be.all_f32 || crate::is_router(&m.name)) && m.rows * m.cols > 0;
+    let f32_data = if wants_f32 {
+        let mut f = vec![0f32; m.rows * m.cols];
+        m.to_f32_rows(0, m.rows, &mut f);
+        Some(be.stream.clone_htod(&f).map_err(dev)?)
+    } else {
+        None
+    };
+    if let (WeightDtype::Fp8E4M3, Some(sc), false) = (m.dtype, &m.scales, m.name.contains("embed_tokens") || wants_f32) {
+        let fp8 = Fp8Weight { bytes: be.stream.clone_htod(&m.bytes[..]).map_err(dev)?, scales: be.stream.clone_htod(&sc.scales).map_err(dev)?, block_rows: sc.block_rows, block_cols: sc.block_cols };
+        return Ok(CudaMatrix { rows: m.rows, cols: m.cols, data: be.stream.alloc_zeros::<u16>(1).map_err(dev)?, f32_data: None, fp8: Some(fp8) });
+    }
+    let bits: Vec<u16> = if m.dtype == WeightDtype::Bf16 {
+        // Already bf16: the bytes are the device format.
+        m.bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect()
+    } else {
+        let mut f = vec![0f32; m.rows * m.cols];
+        m.to_f32_rows(0, m.rows, &mut f);
+        f.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect()
+    };
+    let data = if bits.is_empty() { be.stream.alloc_zeros::<u16>(1).map_err(dev)? } else { be.stream.clone_htod(&bits).map_err(dev)? };
+    Ok(CudaMatrix { rows: m.rows, cols: m.cols, data, f32_data, fp8: None })
 }
 
 impl CudaBackend {
     /// An output buffer (NaN-filled when poisoning).
-    fn out(&self, n: usize) -> Result<CudaSlice<f32>> {
+    pub(crate) fn out(&self, n: usize) -> Result<CudaSlice<f32>> {
         let mut b = unsafe { self.stream.alloc::<f32>(n.max(1)) }.map_err(dev)?;
         if self.poison {
             let (v, n64) = (f32::NAN, n as i64);
@@ -81,7 +101,13 @@ impl CudaBackend {
     /// bf16 × bf16 when the weight is bf16, else f32 × f32 (no TF32: the handle's default math
     /// mode); f32 accumulation and output either way.
     #[allow(clippy::too_many_arguments)]
-    fn gemm(&self, w: Weight<'_>, x: &CudaSlice<f32>, out: &mut CudaSlice<f32>, n: usize, m: usize, k: usize, batch: usize, ldb: usize, ldc: usize) -> Result<()> {
+    fn gemm(&self, wm: &CudaMatrix, x: &CudaSlice<f32>, out: &mut CudaSlice<f32>, n: usize, m: usize, k: usize, batch: usize, ldb: usize, ldc: usize) -> Result<()> {
+        let scratch = if wm.f32_data.is_none() { self.dequant(wm)? } else { None };
+        let w = match (&wm.f32_data, &scratch) {
+            (Some(f), _) => Weight::F32(f),
+            (None, Some(b)) => Weight::Bf16(b),
+            (None, None) => Weight::Bf16(&wm.data),
+        };
         let xb;
         let (pa, _ga, pb, _gb, ty);
         match w {
@@ -150,24 +176,11 @@ impl Backend for CudaBackend {
     }
 
     fn upload_matrix(&self, m: &HostMatrix<'_>) -> Result<CudaMatrix> {
-        m.validate()?;
-        let bits: Vec<u16> = if m.dtype == WeightDtype::Bf16 {
-            // Already bf16: the bytes are the device format.
-            m.bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect()
-        } else {
-            let mut f = vec![0f32; m.rows * m.cols];
-            m.to_f32_rows(0, m.rows, &mut f);
-            f.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect()
-        };
-        let data = if bits.is_empty() { self.stream.alloc_zeros::<u16>(1).map_err(dev)? } else { self.stream.clone_htod(&bits).map_err(dev)? };
-        let f32_data = if (self.all_f32 || crate::is_router(&m.name)) && !bits.is_empty() {
-            let mut f = vec![0f32; m.rows * m.cols];
-            m.to_f32_rows(0, m.rows, &mut f);
-            Some(self.stream.clone_htod(&f).map_err(dev)?)
-        } else {
-            None
-        };
-        Ok(CudaMatrix { rows: m.rows, cols: m.cols, data, f32_data })
+        upload(self, m)
+    }
+
+    fn dummy_matrix(&self, spec: &weft_backend::dummy::DummySpec) -> Option<Result<CudaMatrix>> {
+        Some(self.make_dummy(spec))
     }
 
     fn upload(&self, data: &[f32]) -> Result<CudaSlice<f32>> {
@@ -208,6 +221,9 @@ impl Backend for CudaBackend {
     fn embed(&self, table: &CudaMatrix, ids: &[u32]) -> Result<CudaSlice<f32>> {
         if let Some(&bad) = ids.iter().find(|&&i| i as usize >= table.rows) {
             return Err(shape("embed", format!("token id {bad} outside vocabulary of {}", table.rows)));
+        }
+        if table.fp8.is_some() {
+            return Err(shape("embed", "an fp8 embedding table (kept bf16 at load)".into()));
         }
         let d = table.cols as u32;
         let idb = self.up_u32(ids)?;
@@ -257,8 +273,11 @@ impl Backend for CudaBackend {
 
     fn linear(&self, x: &CudaSlice<f32>, w: &CudaMatrix) -> Result<CudaSlice<f32>> {
         let m = check_rows("linear", self.len(x), w.cols)?;
+        if self.gemv_fits(w, m) {
+            return self.gemv(w, x, m, 1);
+        }
         let mut out = self.out(m * w.rows)?;
-        self.gemm(Weight::of(w), x, &mut out, w.rows, m, w.cols, 1, w.cols, w.rows)?;
+        self.gemm(w, x, &mut out, w.rows, m, w.cols, 1, w.cols, w.rows)?;
         Ok(out)
     }
 
@@ -268,8 +287,11 @@ impl Backend for CudaBackend {
         }
         let m = check_rows("head_linear", self.len(x), heads * w.cols)?;
         let n = w.rows / heads;
+        if self.gemv_fits(w, m) {
+            return self.gemv(w, x, m, heads);
+        }
         let mut out = self.out(m * heads * n)?;
-        self.gemm(Weight::of(w), x, &mut out, n, m, w.cols, heads, heads * w.cols, heads * n)?;
+        self.gemm(w, x, &mut out, n, m, w.cols, heads, heads * w.cols, heads * n)?;
         Ok(out)
     }
 
@@ -299,12 +321,13 @@ impl Backend for CudaBackend {
         if m != positions.len() {
             return Err(shape("mla_split_rope_q", format!("{} positions for {m} rows", positions.len())));
         }
-        let (pb, fb) = (self.up_u32(positions)?, self.up_f32(&rope.inv_freq)?);
+        let (pb, fb) = (self.cached_u32(positions)?, self.cached_f32_bits(&rope.inv_freq)?);
+        let (pb, fb) = (&*pb, &*fb);
         let mut qn = self.out(m * heads * nope)?;
         let mut qp = self.out(m * heads * rope_dim)?;
         let (h, n, r, inter) = (heads as u32, nope as u32, rope_dim as u32, rope.interleaved as i32);
         let mut l = self.stream.launch_builder(self.func("split_rope_q"));
-        l.arg(q).arg(&mut qn).arg(&mut qp).arg(&pb).arg(&fb).arg(&h).arg(&n).arg(&r).arg(&rope.attention_factor).arg(&inter);
+        l.arg(q).arg(&mut qn).arg(&mut qp).arg(pb).arg(fb).arg(&h).arg(&n).arg(&r).arg(&rope.attention_factor).arg(&inter);
         unsafe { l.launch(cfg(m * heads, 0)) }.map_err(dev)?;
         Ok((qn, qp))
     }
@@ -319,11 +342,12 @@ impl Backend for CudaBackend {
             return Err(shape("mla_store_kv", format!("slot {bad} outside pool")));
         }
         let stride = lay.num_pages * lay.page_size * lay.width();
-        let (pb, sb, fb) = (self.up_u32(positions)?, self.up_u32(slots)?, self.up_f32(&rope.inv_freq)?);
+        let (pb, sb, fb) = (self.cached_u32(positions)?, self.cached_u32(slots)?, self.cached_f32_bits(&rope.inv_freq)?);
+        let (pb, sb, fb) = (&*pb, &*sb, &*fb);
         let (lat, rd, inter) = (lay.latent_dim as u32, lay.rope_dim as u32, rope.interleaved as i32);
         let mut view = pool.data.slice_mut(layer * stride..(layer + 1) * stride);
         let mut l = self.stream.launch_builder(self.func("store_kv"));
-        l.arg(&mut view).arg(kv_a).arg(norm_w).arg(&pb).arg(&sb).arg(&fb).arg(&lat).arg(&rd).arg(&eps).arg(&rope.attention_factor).arg(&inter);
+        l.arg(&mut view).arg(kv_a).arg(norm_w).arg(pb).arg(sb).arg(fb).arg(&lat).arg(&rd).arg(&eps).arg(&rope.attention_factor).arg(&inter);
         unsafe { l.launch(cfg(m, 0)) }.map_err(dev)?;
         Ok(())
     }
@@ -348,13 +372,17 @@ impl Backend for CudaBackend {
             bt.extend_from_slice(r.block_table);
             ctx.push(r.ctx_len as u32);
         }
-        let (btb, offb, ctxb) = (self.up_u32(&bt)?, self.up_u32(&off)?, self.up_u32(&ctx)?);
+        let (btb, offb, ctxb) = (self.cached_u32(&bt)?, self.cached_u32(&off)?, self.cached_u32(&ctx)?);
+        let (btb, offb, ctxb) = (&*btb, &*offb, &*ctxb);
+        if self.mla_split_fits(pool, heads) {
+            return self.mla_split(pool, layer, q_lat, q_pe, heads, rows, scale, [btb, offb, ctxb]);
+        }
         let stride = l.num_pages * l.page_size * l.width();
         let view = pool.data.slice(layer * stride..(layer + 1) * stride);
         let mut out = self.out(rows.len() * heads * l.latent_dim)?;
         let (h, lat, rd, ps) = (heads as u32, l.latent_dim as u32, l.rope_dim as u32, l.page_size as u32);
         let mut b = self.stream.launch_builder(self.func("mla_attention"));
-        b.arg(&view).arg(q_lat).arg(q_pe).arg(&btb).arg(&offb).arg(&ctxb).arg(&mut out).arg(&h).arg(&lat).arg(&rd).arg(&ps).arg(&scale);
+        b.arg(&view).arg(q_lat).arg(q_pe).arg(btb).arg(offb).arg(ctxb).arg(&mut out).arg(&h).arg(&lat).arg(&rd).arg(&ps).arg(&scale);
         unsafe { b.launch(cfg(rows.len() * heads, (l.width() * 4) as u32)) }.map_err(dev)?;
         Ok(out)
     }
@@ -366,6 +394,9 @@ impl Backend for CudaBackend {
         }
         let m = check_rows("moe", gate_logits.len(), e)?;
         let hidden = check_rows("moe", x.len(), m.max(1))?;
+        if self.moe_on_device_fits(cfg_r, experts, m) {
+            return self.moe_on_device(x, gate_logits, bias, cfg_r, experts, m, hidden);
+        }
         // Routing on the host (small: m × n_experts), experts on the device.
         let logits = self.download(gate_logits)?;
         let bias_h = self.download(bias)?;

@@ -1,0 +1,72 @@
+// mla_decode + mla_combine (kernels/mla.cu) on the CPU emulator against a float64 reference:
+// head counts 8 / 16 / 64, one and three query rows per sequence, context splits as
+// runtime/backend-cuda/src/mla.rs chooses them (a split whose only tile is partial included).
+// Exit status: the number of failing cases.
+#include "emu.h"
+#include "../weft_port.h"
+#define BLOCK 256
+#include "../mla.cu"
+#include <random>
+
+int main() {
+    std::mt19937 rng(1);
+    std::uniform_real_distribution<float> U(-1, 1);
+    const unsigned latent = 512, rd = 64, w = latent + rd, page = 64, n_pages = 40, n = 2500;
+    std::vector<float> layer(n_pages * page * w);
+    for (auto& v : layer) v = 2 * U(rng);
+    std::vector<unsigned> table(n_pages);
+    for (unsigned i = 0; i < n_pages; i++) table[i] = n_pages - 1 - i;  // scattered pages
+    int fails = 0;
+    struct Case { unsigned heads; int rows; unsigned max_splits; };
+    for (Case c : {Case{16, 1, 1000}, Case{8, 3, 24}, Case{16, 3, 24}, Case{64, 1, 12}}) {
+        std::vector<unsigned> bt, off, ctx;
+        for (int r = 0; r < c.rows; r++) {
+            off.push_back(bt.size());
+            bt.insert(bt.end(), table.begin(), table.end());
+            ctx.push_back(n - (c.rows - 1 - r));
+        }
+        std::vector<float> ql(c.rows * c.heads * latent), qp(c.rows * c.heads * rd);
+        for (auto& v : ql) v = 0.5f * U(rng);
+        for (auto& v : qp) v = 0.5f * U(rng);
+        const float scale = 0.06f;
+        // launch shape as mla.rs: 4 waves over 132 SMs, each split at least a 16-token tile
+        unsigned hg = std::min(16u, c.heads), groups = c.heads / hg;
+        unsigned max_ctx = *std::max_element(ctx.begin(), ctx.end());
+        unsigned base = c.rows * groups, want = (4 * 132 + base - 1) / base;
+        unsigned nsplit = std::max(1u, std::min({want, (max_ctx + 15) / 16, c.max_splits}));
+        unsigned chunk = ((max_ctx + nsplit - 1) / nsplit + 15) / 16 * 16;
+        nsplit = (max_ctx + chunk - 1) / chunk;
+        std::vector<float> o_part(c.rows * c.heads * nsplit * latent, NAN), ml(c.rows * c.heads * nsplit * 2, NAN), out(c.rows * c.heads * latent, NAN);
+        emu_launch(base, nsplit, 256, [&] { mla_decode(layer.data(), ql.data(), qp.data(), bt.data(), off.data(), ctx.data(), o_part.data(), ml.data(), c.heads, groups, latent, rd, page, scale, chunk); });
+        emu_launch(c.rows * c.heads, 1, 256, [&] { mla_combine(o_part.data(), ml.data(), out.data(), nsplit, latent); });
+        double worst = 0, peak = 0;
+        for (int r = 0; r < c.rows; r++)
+            for (unsigned h = 0; h < c.heads; h++) {
+                const float* q1 = &ql[(r * c.heads + h) * latent];
+                const float* q2 = &qp[(r * c.heads + h) * rd];
+                auto row = [&](unsigned t) { return &layer[((size_t)table[t / page] * page + t % page) * w]; };
+                std::vector<double> p(ctx[r]);
+                double m = -1e300, l = 0;
+                for (unsigned t = 0; t < ctx[r]; t++) {
+                    double a = 0;
+                    for (unsigned j = 0; j < w; j++) a += (double)(j < latent ? q1[j] : q2[j - latent]) * row(t)[j];
+                    p[t] = a * scale;
+                    m = std::max(m, p[t]);
+                }
+                for (auto& x : p) l += (x = std::exp(x - m));
+                for (unsigned d = 0; d < latent; d++) {
+                    double a = 0;
+                    for (unsigned t = 0; t < ctx[r]; t++) a += p[t] * row(t)[d];
+                    a /= l;
+                    double got = out[(r * c.heads + h) * latent + d];
+                    worst = std::isfinite(got) ? std::max(worst, std::fabs(got - a)) : INFINITY;
+                    peak = std::max(peak, std::fabs(a));
+                    if (!std::isfinite(got)) break;
+                }
+            }
+        bool ok = worst / peak < 1e-4;
+        std::printf("mla_decode %u heads x %d rows, %u splits of %u: rel err %.2e %s\n", c.heads, c.rows, nsplit, chunk, worst / peak, ok ? "ok" : "FAILED");
+        fails += !ok;
+    }
+    return fails;
+}

@@ -1,0 +1,218 @@
+// Mixture-of-Experts on the device, for decode-sized batches: routing (DeepSeek-V3: sigmoid
+// scores, correction bias for selection only, group-limited top-k, normalisation, scaling),
+// a plan of which experts are active and which (token, slot) entries each serves, and the
+// experts as weight-streaming kernels that read each active expert's weights once per call
+// for all of its tokens. No host round trip: the launch grid is sized for the worst case and
+// blocks past the active-expert count exit at once.
+#define MOE_MAX_EXPERTS 1024
+#define MOE_MAX_GROUPS 64
+
+// (v, i) beats (w, j) when larger, ties to the lower index (the CPU reference's order).
+__device__ __forceinline__ bool beats(float v, int i, float w, int j) { return v > w || (v == w && i < j); }
+
+// Index of the best `choice[e]` among e not `taken`, over the block. Every thread gets it.
+__device__ int block_argmax(const float* choice, const unsigned char* taken, u32 n, float* sv, int* si) {
+    float bv = -WEFT_INF;
+    int bi = 0x7fffffff;
+    for (u32 e = threadIdx.x; e < n; e += blockDim.x)
+        if (!taken[e] && beats(choice[e], (int)e, bv, bi)) { bv = choice[e]; bi = (int)e; }
+    sv[threadIdx.x] = bv;
+    si[threadIdx.x] = bi;
+    __syncthreads();
+    for (u32 s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s && beats(sv[threadIdx.x + s], si[threadIdx.x + s], sv[threadIdx.x], si[threadIdx.x])) {
+            sv[threadIdx.x] = sv[threadIdx.x + s];
+            si[threadIdx.x] = si[threadIdx.x + s];
+        }
+        __syncthreads();
+    }
+    int r = si[0];
+    __syncthreads();
+    return r;
+}
+
+// One block per token: ids[t*k + j], w[t*k + j] for the k selected experts.
+extern "C" __global__ void moe_route(const float* logits, const float* bias, u32 E, u32 K, u32 n_group, u32 topk_group, int norm, float scaling, u32* ids, float* wts) {
+    __shared__ float score[MOE_MAX_EXPERTS], choice[MOE_MAX_EXPERTS];
+    __shared__ unsigned char taken[MOE_MAX_EXPERTS];
+    __shared__ float gscore[MOE_MAX_GROUPS];
+    __shared__ unsigned char gtaken[MOE_MAX_GROUPS];
+    __shared__ float sv[BLOCK];
+    __shared__ int si[BLOCK];
+    __shared__ int sel[64];
+    const float* l = logits + (i64)blockIdx.x * E;
+    for (u32 e = threadIdx.x; e < E; e += blockDim.x) {
+        float s = 1.0f / (1.0f + expf(-l[e]));
+        score[e] = s;
+        choice[e] = s + bias[e];
+        taken[e] = 0;
+    }
+    __syncthreads();
+    if (n_group > 1) {
+        u32 gsize = E / n_group;
+        if (threadIdx.x < n_group) {
+            // The group's two best biased scores, summed best first.
+            float b1 = -WEFT_INF, b2 = -WEFT_INF;
+            for (u32 e = threadIdx.x * gsize; e < (threadIdx.x + 1) * gsize; e++) {
+                float c = choice[e];
+                if (c > b1) { b2 = b1; b1 = c; } else if (c > b2) b2 = c;
+            }
+            gscore[threadIdx.x] = gsize >= 2 ? b1 + b2 : b1;
+            gtaken[threadIdx.x] = 0;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (u32 k = 0; k < topk_group; k++) {
+                int best = -1;
+                for (u32 g = 0; g < n_group; g++)
+                    if (!gtaken[g] && (best < 0 || gscore[g] > gscore[best])) best = (int)g;
+                gtaken[best] = 1;
+            }
+        }
+        __syncthreads();
+        for (u32 e = threadIdx.x; e < E; e += blockDim.x)
+            if (!gtaken[e / gsize]) choice[e] = -WEFT_INF;
+        __syncthreads();
+    }
+    for (u32 j = 0; j < K; j++) {
+        int b = block_argmax(choice, taken, E, sv, si);
+        if (threadIdx.x == 0) {
+            // NaN scores compare false everywhere: fall back to the first free expert rather
+            // than an out-of-range id (NaN activations are a bug upstream, not a crash here).
+            if (b < 0 || (u32)b >= E)
+                for (u32 e = 0; e < E; e++)
+                    if (!taken[e]) { b = (int)e; break; }
+            sel[j] = b;
+            taken[b] = 1;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        float d = 0.f;
+        for (u32 j = 0; j < K; j++) d += score[sel[j]];
+        d += 1e-20f;
+        for (u32 j = 0; j < K; j++) {
+            float w = score[sel[j]];
+            if (norm) w /= d;
+            ids[(i64)blockIdx.x * K + j] = (u32)sel[j];
+            wts[(i64)blockIdx.x * K + j] = w * scaling;
+        }
+    }
+}
+
+// One block: plan[0] = number of active experts A, plan[1..1+A] their ids, then offsets
+// plan[1+MAXA .. 1+MAXA+A+1] into plan[2+2*MAXA ..] = the entries (t*k + j) each serves.
+// Entries of one expert are in no particular order; each is computed independently.
+extern "C" __global__ void moe_plan(const u32* ids, u32 n, u32 E, u32 maxa, u32* plan) {
+    __shared__ u32 count[MOE_MAX_EXPERTS], slot[MOE_MAX_EXPERTS], fill[MOE_MAX_EXPERTS];
+    for (u32 e = threadIdx.x; e < E; e += blockDim.x) { count[e] = 0; fill[e] = 0; }
+    __syncthreads();
+    for (u32 i = threadIdx.x; i < n; i += blockDim.x) atomicAdd(&count[min(ids[i], E - 1)], 1u);
+    __syncthreads();
+    u32* act = plan + 1;
+    u32* off = plan + 1 + maxa;
+    u32* ent = plan + 2 + 2 * maxa;
+    if (threadIdx.x == 0) {
+        u32 a = 0, o = 0;
+        for (u32 e = 0; e < E; e++) {
+            if (count[e]) { act[a] = e; off[a] = o; slot[e] = a; o += count[e]; a++; }
+        }
+        off[a] = o;
+        plan[0] = a;
+    }
+    __syncthreads();
+    for (u32 i = threadIdx.x; i < n; i += blockDim.x) {
+        u32 e = min(ids[i], E - 1);
+        u32 p = atomicAdd(&fill[e], 1u);
+        ent[off[slot[e]] + p] = i;
+    }
+}
+
+// Per-expert weight pointers (device arrays indexed by expert id).
+struct ExpertTable {
+    const u64* w;   // weight base pointers
+    const u64* sc;  // fp8 scale pointers (unused for bf16)
+    u32 sc_cols, br, bc;
+};
+
+__device__ __forceinline__ WeightRef expert_ref(ExpertTable T, u32 e) {
+    WeightRef W = {(const void*)T.w[e], (const float*)T.sc[e], T.sc_cols, T.br, T.bc};
+    return W;
+}
+
+// h[entry, r] = silu(gate_r · x[token]) * (up_r · x[token]) for the active expert of block
+// blockIdx.x / tiles; one sub-group per row r of its tile. gate_up is [2*inter, hidden].
+template <int FP8>
+__device__ void moe_gate_up_body(ExpertTable T, const u32* plan, u32 maxa, const float* x, float* h, u32 k, u32 hidden, u32 inter) {
+    u32 warps = blockDim.x / WEFT_WARP;
+    u32 tiles = (inter + warps - 1) / warps;
+    u32 a = blockIdx.x / tiles;
+    if (a >= plan[0]) return;
+    u32 r = (blockIdx.x % tiles) * warps + threadIdx.x / WEFT_WARP;
+    if (r >= inter) return;
+    WeightRef W = expert_ref(T, plan[1 + a]);
+    const u32* off = plan + 1 + maxa;
+    const u32* ent = plan + 2 + 2 * maxa;
+    for (u32 i0 = off[a]; i0 < off[a + 1]; i0 += GEMV_TB) {
+        u32 nt = min((u32)GEMV_TB, off[a + 1] - i0);
+        u32 tok[GEMV_TB];
+#pragma unroll
+        for (int t = 0; t < GEMV_TB; t++) tok[t] = t < nt ? ent[i0 + t] / k : 0;
+        float g[GEMV_TB], u[GEMV_TB];
+        row_dot<FP8>(W, r, hidden, x, hidden, tok, nt, g);
+        row_dot<FP8>(W, inter + r, hidden, x, hidden, tok, nt, u);
+        if (threadIdx.x % WEFT_WARP == 0)
+            for (u32 t = 0; t < nt; t++) h[(i64)ent[i0 + t] * inter + r] = g[t] / (1.0f + expf(-g[t])) * u[t];
+    }
+}
+
+// y[entry, r] = down_r · h[entry] (down is [hidden, inter]).
+template <int FP8>
+__device__ void moe_down_body(ExpertTable T, const u32* plan, u32 maxa, const float* h, float* y, u32 hidden, u32 inter) {
+    u32 warps = blockDim.x / WEFT_WARP;
+    u32 tiles = (hidden + warps - 1) / warps;
+    u32 a = blockIdx.x / tiles;
+    if (a >= plan[0]) return;
+    u32 r = (blockIdx.x % tiles) * warps + threadIdx.x / WEFT_WARP;
+    if (r >= hidden) return;
+    WeightRef W = expert_ref(T, plan[1 + a]);
+    const u32* off = plan + 1 + maxa;
+    const u32* ent = plan + 2 + 2 * maxa;
+    for (u32 i0 = off[a]; i0 < off[a + 1]; i0 += GEMV_TB) {
+        u32 nt = min((u32)GEMV_TB, off[a + 1] - i0);
+        u32 idx[GEMV_TB];
+#pragma unroll
+        for (int t = 0; t < GEMV_TB; t++) idx[t] = t < nt ? ent[i0 + t] : 0;
+        float acc[GEMV_TB];
+        row_dot<FP8>(W, r, inter, h, inter, idx, nt, acc);
+        if (threadIdx.x % WEFT_WARP == 0)
+            for (u32 t = 0; t < nt; t++) y[(i64)idx[t] * hidden + r] = acc[t];
+    }
+}
+
+extern "C" __global__ void moe_gate_up_bf16(const u64* w, const u32* plan, u32 maxa, const float* x, float* h, u32 k, u32 hidden, u32 inter) {
+    ExpertTable T = {w, w, 0, 1, 1};
+    moe_gate_up_body<0>(T, plan, maxa, x, h, k, hidden, inter);
+}
+extern "C" __global__ void moe_gate_up_fp8(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, const float* x, float* h, u32 k, u32 hidden, u32 inter) {
+    ExpertTable T = {w, sc, sc_cols, br, bc};
+    moe_gate_up_body<1>(T, plan, maxa, x, h, k, hidden, inter);
+}
+extern "C" __global__ void moe_down_bf16(const u64* w, const u32* plan, u32 maxa, const float* h, float* y, u32 hidden, u32 inter) {
+    ExpertTable T = {w, w, 0, 1, 1};
+    moe_down_body<0>(T, plan, maxa, h, y, hidden, inter);
+}
+extern "C" __global__ void moe_down_fp8(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, const float* h, float* y, u32 hidden, u32 inter) {
+    ExpertTable T = {w, sc, sc_cols, br, bc};
+    moe_down_body<1>(T, plan, maxa, h, y, hidden, inter);
+}
+
+// out[t, :] = sum_j w[t*k + j] * y[t*k + j, :], slots summed in order (deterministic).
+extern "C" __global__ void moe_combine(const float* y, const float* wts, float* out, u32 k, u32 hidden) {
+    i64 t = blockIdx.x;
+    for (u32 d = threadIdx.x; d < hidden; d += blockDim.x) {
+        float s = 0.f;
+        for (u32 j = 0; j < k; j++) s += wts[t * k + j] * y[(t * k + j) * hidden + d];
+        out[t * hidden + d] = s;
+    }
+}

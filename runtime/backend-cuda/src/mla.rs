@@ -1,0 +1,56 @@
+//! Split-context MLA attention (`kernels/mla.cu`): the launch shape (head groups, context
+//! splits sized so the whole GPU is busy even for one decoding sequence) and the merge of the
+//! splits. The single-pass kernel in `weft.cu` remains for shapes this one does not take.
+
+use crate::{dev, CudaBackend, CudaKvPool};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use weft_backend::{AttnRow, Result};
+
+/// Tokens per shared-memory tile and heads per block (`MLA_T`, `MLA_HG` in mla.cu).
+const TILE: usize = 16;
+const HEAD_GROUP: usize = 16;
+const THREADS: u32 = 256;
+
+impl CudaBackend {
+    fn mla_smem(&self, width: usize, hg: usize) -> usize {
+        (hg * width + TILE * (width + 1) + HEAD_GROUP * TILE + 3 * HEAD_GROUP) * 4
+    }
+
+    /// Whether the split kernel takes this shape (heads split into equal groups of at most 16,
+    /// latent ≤ 2 × threads, tiles fit in shared memory).
+    pub(crate) fn mla_split_fits(&self, pool: &CudaKvPool, heads: usize) -> bool {
+        let hg = heads.min(HEAD_GROUP);
+        !self.slow_paths && heads % hg == 0 && pool.layout.latent_dim <= 2 * THREADS as usize && self.mla_smem(pool.layout.width(), hg) <= self.smem_optin
+    }
+
+    /// `bt`/`off`/`ctx` are the concatenated block tables, their offsets and visible lengths.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn mla_split(&self, pool: &CudaKvPool, layer: usize, q_lat: &CudaSlice<f32>, q_pe: &CudaSlice<f32>, heads: usize, rows: &[AttnRow<'_>], scale: f32, tables: [&CudaSlice<u32>; 3]) -> Result<CudaSlice<f32>> {
+        let l = pool.layout;
+        let hg = heads.min(HEAD_GROUP);
+        let groups = heads / hg;
+        let max_ctx = rows.iter().map(|r| r.ctx_len).max().unwrap_or(1);
+        // Enough blocks for a few waves over every SM; each split at least one tile.
+        let base = rows.len() * groups;
+        let want = (4 * self.num_sms).div_ceil(base.max(1));
+        let mut nsplit = want.clamp(1, max_ctx.div_ceil(TILE));
+        let chunk = max_ctx.div_ceil(nsplit).div_ceil(TILE) * TILE;
+        nsplit = max_ctx.div_ceil(chunk);
+        let parts = rows.len() * heads * nsplit;
+        let mut o_part = self.out(parts * l.latent_dim)?;
+        let mut ml_part = self.out(parts * 2)?;
+        let stride = l.num_pages * l.page_size * l.width();
+        let view = pool.data.slice(layer * stride..(layer + 1) * stride);
+        let (h32, g32, lat, rd, ps, ch) = (heads as u32, groups as u32, l.latent_dim as u32, l.rope_dim as u32, l.page_size as u32, chunk as u32);
+        let smem = self.mla_smem(l.width(), hg) as u32;
+        let mut b = self.stream.launch_builder(self.func("mla_decode"));
+        b.arg(&view).arg(q_lat).arg(q_pe).arg(tables[0]).arg(tables[1]).arg(tables[2]).arg(&mut o_part).arg(&mut ml_part).arg(&h32).arg(&g32).arg(&lat).arg(&rd).arg(&ps).arg(&scale).arg(&ch);
+        unsafe { b.launch(LaunchConfig { grid_dim: (base as u32, nsplit as u32, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: smem }) }.map_err(dev)?;
+        let mut out = self.out(rows.len() * heads * l.latent_dim)?;
+        let ns = nsplit as u32;
+        let mut b = self.stream.launch_builder(self.func("mla_combine"));
+        b.arg(&o_part).arg(&ml_part).arg(&mut out).arg(&ns).arg(&lat);
+        unsafe { b.launch(LaunchConfig { grid_dim: ((rows.len() * heads) as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }) }.map_err(dev)?;
+        Ok(out)
+    }
+}

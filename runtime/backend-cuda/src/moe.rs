@@ -1,0 +1,162 @@
+//! MoE for decode-sized batches entirely on the device (`kernels/moe.cu`): routing, a plan of
+//! active experts and the (token, slot) entries each serves, then the experts as
+//! weight-streaming kernels over a per-layer table of expert weight pointers, and a combine
+//! that sums each token's slots in order. The launch grids are sized for the worst case
+//! (every selected expert distinct), so nothing waits for the host.
+
+use crate::{dev, CudaBackend, CudaMatrix};
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use std::sync::Arc;
+use weft_backend::{ExpertWeights, Result, RouterConfig};
+
+const THREADS: u32 = 256;
+const MAX_EXPERTS: usize = 1024;
+const MAX_GROUPS: usize = 64;
+/// The device path is taken while experts see few tokens each on average (weight streaming
+/// beats per-expert tensor-core GEMMs there).
+const MAX_AVG_TOKENS_PER_EXPERT: usize = 8;
+
+/// Device arrays of every expert's weight (and fp8 scale) pointers for one layer.
+pub struct ExpertTables {
+    gate_up: CudaSlice<u64>,
+    gate_up_sc: CudaSlice<u64>,
+    down: CudaSlice<u64>,
+    down_sc: CudaSlice<u64>,
+    /// (scale grid columns, block rows, block cols) of gate_up and down when fp8.
+    fp8: Option<[(u32, u32, u32); 2]>,
+    /// What the tables were made from (host copy, compared on reuse).
+    ptrs: Vec<u64>,
+}
+
+fn ptr_of<T>(be: &CudaBackend, s: &CudaSlice<T>) -> u64 {
+    let (p, _g) = s.device_ptr(&be.stream);
+    p
+}
+
+impl CudaBackend {
+    /// Whether the device MoE path handles this layer and batch.
+    pub(crate) fn moe_on_device_fits(&self, cfg: &RouterConfig, experts: &[ExpertWeights<CudaMatrix>], m: usize) -> bool {
+        let e = cfg.n_experts;
+        if self.slow_paths || m == 0 || e == 0 || e > MAX_EXPERTS || cfg.top_k == 0 || cfg.top_k > 64 || cfg.top_k > e {
+            return false;
+        }
+        if cfg.n_group > 1 && (cfg.n_group > MAX_GROUPS || e % cfg.n_group != 0 || cfg.topk_group == 0 || cfg.topk_group > cfg.n_group) {
+            return false;
+        }
+        if m * cfg.top_k > MAX_AVG_TOKENS_PER_EXPERT * e {
+            return false;
+        }
+        let first = &experts[0];
+        let fp8 = first.gate_up.fp8.is_some();
+        let align = if fp8 { 16 } else { 8 };
+        experts.iter().all(|x| {
+            let same = |a: &CudaMatrix, b: &CudaMatrix| {
+                a.rows == b.rows
+                    && a.cols == b.cols
+                    && a.f32_data.is_none()
+                    && a.fp8.is_some() == fp8
+                    && match (&a.fp8, &b.fp8) {
+                        (Some(p), Some(q)) => p.block_rows == q.block_rows && p.block_cols == q.block_cols && p.block_cols % 16 == 0,
+                        _ => true,
+                    }
+            };
+            x.inter == first.inter && same(&x.gate_up, &first.gate_up) && same(&x.down, &first.down)
+        }) && first.gate_up.rows == 2 * first.inter
+            && first.gate_up.cols % align == 0
+            && first.inter % align == 0
+    }
+
+    /// The layer's pointer tables, made once and reused while the experts' device pointers are
+    /// the same (checked on every call: a reloaded model at reused addresses gets the same
+    /// table contents, so a hit is always right).
+    fn expert_tables(&self, experts: &[ExpertWeights<CudaMatrix>]) -> Result<Arc<ExpertTables>> {
+        let pick = |m: &CudaMatrix| -> (u64, u64) {
+            match &m.fp8 {
+                Some(f) => (ptr_of(self, &f.bytes), ptr_of(self, &f.scales)),
+                None => (ptr_of(self, &m.data), 0),
+            }
+        };
+        let grid = |m: &CudaMatrix| m.fp8.as_ref().map(|f| (f.grid_cols(m.cols) as u32, f.block_rows as u32, f.block_cols as u32));
+        let first = &experts[0];
+        let fp8 = match (grid(&first.gate_up), grid(&first.down)) {
+            (Some(a), Some(b)) => Some([a, b]),
+            _ => None,
+        };
+        let mut ptrs: Vec<u64> = Vec::with_capacity(4 * experts.len() + 6);
+        for x in experts {
+            let (a, b) = pick(&x.gate_up);
+            let (c, d) = pick(&x.down);
+            ptrs.extend([a, b, c, d]);
+        }
+        if let Some(f) = fp8 {
+            ptrs.extend(f.iter().flat_map(|g| [g.0 as u64, g.1 as u64, g.2 as u64]));
+        }
+        let key = ptrs[0];
+        let mut cache = self.expert_tables.lock().unwrap();
+        if let Some(t) = cache.get(&key).filter(|t| t.ptrs == ptrs) {
+            return Ok(t.clone());
+        }
+        let col = |i: usize| -> Result<CudaSlice<u64>> { self.stream.clone_htod(&ptrs.iter().skip(i).step_by(4).take(experts.len()).copied().collect::<Vec<u64>>()).map_err(dev) };
+        let t = Arc::new(ExpertTables { gate_up: col(0)?, gate_up_sc: col(1)?, down: col(2)?, down_sc: col(3)?, fp8, ptrs });
+        if cache.len() > 4096 {
+            cache.clear();
+        }
+        cache.insert(key, t.clone());
+        Ok(t)
+    }
+
+    /// Routing, experts and combine on the device; `[m, hidden]`.
+    pub(crate) fn moe_on_device(&self, x: &CudaSlice<f32>, gate_logits: &CudaSlice<f32>, bias: &CudaSlice<f32>, cfg: &RouterConfig, experts: &[ExpertWeights<CudaMatrix>], m: usize, hidden: usize) -> Result<CudaSlice<f32>> {
+        let (e, k) = (cfg.n_experts, cfg.top_k);
+        let n = m * k;
+        let maxa = e.min(n);
+        let inter = experts[0].inter;
+        let tables = self.expert_tables(experts)?;
+        let mut ids = unsafe { self.stream.alloc::<u32>(n) }.map_err(dev)?;
+        let mut wts = self.out(n)?;
+        let (e32, k32, ng, tg, norm, sc) = (e as u32, k as u32, cfg.n_group.max(1) as u32, cfg.topk_group as u32, cfg.norm_topk_prob as i32, cfg.routed_scaling_factor);
+        let mut l = self.stream.launch_builder(self.func("moe_route"));
+        l.arg(gate_logits).arg(bias).arg(&e32).arg(&k32).arg(&ng).arg(&tg).arg(&norm).arg(&sc).arg(&mut ids).arg(&mut wts);
+        unsafe { l.launch(LaunchConfig { grid_dim: (m as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }) }.map_err(dev)?;
+        let mut plan = unsafe { self.stream.alloc::<u32>(2 + 2 * maxa + n) }.map_err(dev)?;
+        let (n32, maxa32) = (n as u32, maxa as u32);
+        let mut l = self.stream.launch_builder(self.func("moe_plan"));
+        l.arg(&ids).arg(&n32).arg(&e32).arg(&maxa32).arg(&mut plan);
+        unsafe { l.launch(LaunchConfig { grid_dim: (1, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }) }.map_err(dev)?;
+
+        let warps = (THREADS / 32) as usize;
+        let (h32, i32_) = (hidden as u32, inter as u32);
+        let mut h = self.out(n * inter)?;
+        let grid = |rows: usize| LaunchConfig { grid_dim: ((maxa * rows.div_ceil(warps)) as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        match tables.fp8 {
+            None => {
+                let mut l = self.stream.launch_builder(self.func("moe_gate_up_bf16"));
+                l.arg(&tables.gate_up).arg(&plan).arg(&maxa32).arg(x).arg(&mut h).arg(&k32).arg(&h32).arg(&i32_);
+                unsafe { l.launch(grid(inter)) }.map_err(dev)?;
+            }
+            Some([(scc, br, bc), _]) => {
+                let mut l = self.stream.launch_builder(self.func("moe_gate_up_fp8"));
+                l.arg(&tables.gate_up).arg(&tables.gate_up_sc).arg(&scc).arg(&br).arg(&bc).arg(&plan).arg(&maxa32).arg(x).arg(&mut h).arg(&k32).arg(&h32).arg(&i32_);
+                unsafe { l.launch(grid(inter)) }.map_err(dev)?;
+            }
+        }
+        let mut y = self.out(n * hidden)?;
+        match tables.fp8 {
+            None => {
+                let mut l = self.stream.launch_builder(self.func("moe_down_bf16"));
+                l.arg(&tables.down).arg(&plan).arg(&maxa32).arg(&h).arg(&mut y).arg(&h32).arg(&i32_);
+                unsafe { l.launch(grid(hidden)) }.map_err(dev)?;
+            }
+            Some([_, (scc, br, bc)]) => {
+                let mut l = self.stream.launch_builder(self.func("moe_down_fp8"));
+                l.arg(&tables.down).arg(&tables.down_sc).arg(&scc).arg(&br).arg(&bc).arg(&plan).arg(&maxa32).arg(&h).arg(&mut y).arg(&h32).arg(&i32_);
+                unsafe { l.launch(grid(hidden)) }.map_err(dev)?;
+            }
+        }
+        let mut out = self.out(m * hidden)?;
+        let mut l = self.stream.launch_builder(self.func("moe_combine"));
+        l.arg(&y).arg(&wts).arg(&mut out).arg(&k32).arg(&h32);
+        unsafe { l.launch(LaunchConfig { grid_dim: (m as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }) }.map_err(dev)?;
+        Ok(out)
+    }
+}
