@@ -1,0 +1,217 @@
+//! Decode and prefill of a model on the CUDA backend against the GPU's measured ceilings.
+//!
+//! Measures the device-to-device copy bandwidth and the bf16 GEMM rate (through the backend's
+//! own `linear`, 8192³), then, for each batch × context, times the real forward step (all
+//! layers, lm_head) of `batch` sequences that each have `ctx` tokens cached, and divides the
+//! bytes the step must move by its time: weights of attention, dense layers, shared experts and
+//! the expected number of distinct routed experts the batch selects (uniform routing:
+//! E·(1−(1−k/E)^B) per layer; dummy weights route close to uniformly), the lm_head, the KV
+//! cache read and written. Prefill: one sequence of `--prefill` tokens, FLOPs of the matmuls
+//! and attention over the step time, against the GEMM rate.
+//!
+//! The KV cache holds synthetic contents (its values do not change the work), so no prefill
+//! is needed to time decode at long contexts.
+//!
+//! `roofline DIR --dummy [--batch 1,8,32,64] [--ctx 1024,4096] [--prefill 1024] [--steps 8]`
+
+use std::path::PathBuf;
+use std::time::Instant;
+use weft_backend::{AttnRow, Backend, HostMatrix};
+use weft_cuda::CudaBackend;
+use weft_model::{LoadedModel, ModelConfig, StepBatch};
+
+const PAGE: usize = 64;
+
+fn list(args: &[String], flag: &str, default: &[usize]) -> Vec<usize> {
+    args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect()).unwrap_or_else(|| default.to_vec())
+}
+
+/// Bytes per element of the decoder layers' projections (fp8 checkpoints keep them in fp8).
+fn proj_bytes(c: &ModelConfig) -> f64 {
+    if c.fp8_block.is_some() {
+        1.0 + 4.0 / (128.0 * 128.0)
+    } else {
+        2.0
+    }
+}
+
+/// Parameters of one layer's attention projections.
+fn attn_params(c: &ModelConfig) -> f64 {
+    let (h, heads) = (c.hidden_size as f64, c.num_attention_heads as f64);
+    let qk = (c.qk_nope_head_dim + c.qk_rope_head_dim) as f64;
+    let q = match c.q_lora_rank {
+        None => heads * qk * h,
+        Some(r) => r as f64 * h + heads * qk * r as f64,
+    };
+    let lora = c.kv_lora_rank as f64;
+    q + (lora + c.qk_rope_head_dim as f64) * h + heads * lora * (c.qk_nope_head_dim + c.v_head_dim) as f64 + h * heads * c.v_head_dim as f64
+}
+
+fn expert_params(c: &ModelConfig, inter: usize) -> f64 {
+    3.0 * (c.hidden_size * inter) as f64
+}
+
+/// Bytes one decode step of `b` tokens at context `ctx` must move.
+fn step_bytes(c: &ModelConfig, b: usize, ctx: usize) -> f64 {
+    let pb = proj_bytes(c);
+    let e = c.n_routed_experts as f64;
+    let k = c.num_experts_per_tok as f64;
+    let distinct = if e > 0.0 { e * (1.0 - (1.0 - k / e).powi(b as i32)) } else { 0.0 };
+    let mut total = 0.0;
+    for l in 0..c.num_hidden_layers {
+        total += attn_params(c) * pb;
+        if c.is_moe_layer(l) {
+            total += (c.n_routed_experts * c.hidden_size) as f64 * 4.0; // f32 router
+            total += expert_params(c, c.moe_intermediate_size * c.n_shared_experts) * pb;
+            total += distinct * expert_params(c, c.moe_intermediate_size) * pb;
+        } else {
+            total += expert_params(c, c.intermediate_size) * pb;
+        }
+    }
+    let width = (c.kv_lora_rank + c.qk_rope_head_dim) as f64 * 4.0; // f32 latent cache
+    total += (c.vocab_size * c.hidden_size) as f64 * 2.0; // lm_head (bf16)
+    total += (b * ctx) as f64 * width * c.num_hidden_layers as f64; // KV read
+    total += b as f64 * width * c.num_hidden_layers as f64; // KV written
+    total
+}
+
+/// Matmul + attention FLOPs of a prefill of `n` tokens (one sequence, causal).
+fn prefill_flops(c: &ModelConfig, n: usize) -> f64 {
+    let mut params = 0.0;
+    for l in 0..c.num_hidden_layers {
+        params += attn_params(c);
+        params += if c.is_moe_layer(l) {
+            expert_params(c, c.moe_intermediate_size * (c.n_shared_experts + c.num_experts_per_tok)) + (c.n_routed_experts * c.hidden_size) as f64
+        } else {
+            expert_params(c, c.intermediate_size)
+        };
+    }
+    let heads = c.num_attention_heads as f64;
+    let per_pair = heads * (2.0 * c.kv_lora_rank as f64 + c.qk_rope_head_dim as f64) * 2.0;
+    let pairs = (n * (n + 1) / 2) as f64;
+    2.0 * params * n as f64 + per_pair * pairs * c.num_hidden_layers as f64 + 2.0 * (c.vocab_size * c.hidden_size) as f64
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let dir = PathBuf::from(args.first().expect("usage: roofline DIR [--dummy] [--batch 1,8] [--ctx 1024] [--prefill 1024] [--steps 8]"));
+    let dummy = args.iter().any(|a| a == "--dummy");
+    let batches = list(&args, "--batch", &[1, 8, 32, 64]);
+    let ctxs = list(&args, "--ctx", &[1024, 4096]);
+    let prefill = list(&args, "--prefill", &[1024]);
+    let steps = list(&args, "--steps", &[8])[0];
+    let be = CudaBackend::new(0).expect("a CUDA device");
+    let name = be.device_name.clone();
+
+    // Ceilings: copy bandwidth (read + write) and bf16 GEMM rate through `linear`.
+    let n = 1usize << 28; // 1 GiB of f32
+    let src = be.stream.alloc_zeros::<f32>(n).unwrap();
+    let mut dst = be.stream.alloc_zeros::<f32>(n).unwrap();
+    be.stream.memcpy_dtod(&src, &mut dst).unwrap();
+    be.synchronize().unwrap();
+    let t = Instant::now();
+    for _ in 0..5 {
+        be.stream.memcpy_dtod(&src, &mut dst).unwrap();
+    }
+    be.synchronize().unwrap();
+    let copy_bw = 5.0 * 2.0 * (n * 4) as f64 / t.elapsed().as_secs_f64();
+    drop((src, dst));
+    let d = 8192;
+    let w = be.upload_matrix(&HostMatrix::from_f32("bench.gemm", d, d, &vec![0.01; d * d])).unwrap();
+    let x = be.upload(&vec![0.5; d * d]).unwrap();
+    be.linear(&x, &w).unwrap();
+    be.synchronize().unwrap();
+    let t = Instant::now();
+    for _ in 0..5 {
+        be.linear(&x, &w).unwrap();
+    }
+    be.synchronize().unwrap();
+    let gemm_rate = 5.0 * 2.0 * (d as f64).powi(3) / t.elapsed().as_secs_f64();
+    drop((w, x));
+    println!("GPU: {name}; measured copy bandwidth {:.0} GB/s; bf16 GEMM (8192³ through `linear`, incl. activation cast) {:.0} TFLOP/s", copy_bw / 1e9, gemm_rate / 1e12);
+
+    let t = Instant::now();
+    let demo = PathBuf::from(std::env::var("WEFT_DEMO_MODEL").unwrap_or_else(|_| "models/demo".into()));
+    let lm = if dummy { LoadedModel::open_dummy(&dir, be, &demo) } else { LoadedModel::open(&dir, be) }.unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let model = &lm.model;
+    let c = &model.cfg;
+    println!("model: {} ({} layers, hidden {}, {} experts top-{}, {}); loaded in {:.1} s", dir.display(), c.num_hidden_layers, c.hidden_size, c.n_routed_experts, c.num_experts_per_tok, if c.fp8_block.is_some() { "fp8 block weights" } else { "bf16 weights" }, t.elapsed().as_secs_f64());
+    let be = &model.backend;
+
+    // Pool big enough for the largest batch × context that fits in free memory.
+    let width_bytes = model.kv_layout(1, PAGE).bytes_per_page_f32();
+    let (free, _) = be.memory_info().unwrap_or((0, 0));
+    let budget_pages = (free.saturating_sub(6 << 30)) / width_bytes;
+    let need = |b: usize, ctx: usize| b * (ctx + steps + 2).div_ceil(PAGE);
+    let max_pages = batches.iter().flat_map(|&b| ctxs.iter().map(move |&x| need(b, x))).filter(|&p| p <= budget_pages).max().unwrap_or(0).max(prefill.iter().map(|p| p.div_ceil(PAGE)).max().unwrap_or(0));
+    let mut pool = be.alloc_kv_pool(model.kv_layout(max_pages, PAGE)).unwrap();
+
+    println!();
+    println!("| batch | context | step ms | out tok/s | bytes/step GB | achieved GB/s | % of copy BW | logits download ms |");
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for &ctx in &ctxs {
+        for &b in &batches {
+            if need(b, ctx) > max_pages {
+                println!("| {b} | {ctx} | skipped: the f32 KV cache needs {:.0} GB | | | | | |", (need(b, ctx) * width_bytes) as f64 / 1e9);
+                continue;
+            }
+            let per_seq = (ctx + steps + 2).div_ceil(PAGE);
+            let tables: Vec<Vec<u32>> = (0..b).map(|s| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect()).collect();
+            let vocab = c.vocab_size as u64;
+            let mut run_step = |step: usize, download: bool| -> (f64, f64) {
+                let pos = (ctx + step) as u32;
+                let tokens: Vec<u32> = (0..b as u64).map(|s| ((s * 7919 + step as u64 * 104729) % (vocab - 10)) as u32).collect();
+                let positions = vec![pos; b];
+                let slots: Vec<u32> = tables.iter().map(|t| t[pos as usize / PAGE] * PAGE as u32 + pos % PAGE as u32).collect();
+                let attn: Vec<AttnRow<'_>> = tables.iter().map(|t| AttnRow { block_table: t, ctx_len: pos as usize + 1 }).collect();
+                let batch = StepBatch { tokens: &tokens, positions: &positions, slots: &slots, attn: &attn };
+                let t = Instant::now();
+                let hidden = model.forward_hidden(&mut pool, &batch).unwrap();
+                let logits = model.logits(&hidden).unwrap();
+                be.synchronize().unwrap();
+                let step_s = t.elapsed().as_secs_f64();
+                let t = Instant::now();
+                if download {
+                    be.download(&logits).unwrap();
+                }
+                (step_s, t.elapsed().as_secs_f64())
+            };
+            run_step(0, true);
+            run_step(1, false);
+            let (mut tot, mut dl) = (0.0, 0.0);
+            for s in 0..steps {
+                let (a, d) = run_step(2 + s, s == 0);
+                tot += a;
+                if s == 0 {
+                    dl = d;
+                }
+            }
+            let step = tot / steps as f64;
+            let bytes = step_bytes(c, b, ctx);
+            println!("| {b} | {ctx} | {:.3} | {:.0} | {:.2} | {:.0} | {:.1} % | {:.2} |", step * 1e3, b as f64 / step, bytes / 1e9, bytes / step / 1e9, 100.0 * bytes / step / copy_bw, dl * 1e3);
+        }
+    }
+
+    println!();
+    println!("| prefill tokens | ms | tok/s | TFLOP/s | % of GEMM rate |");
+    println!("| ---: | ---: | ---: | ---: | ---: |");
+    for &n in &prefill {
+        let table: Vec<u32> = (0..n.div_ceil(PAGE) as u32).collect();
+        let tokens: Vec<u32> = (0..n as u64).map(|i| ((i * 2654435761 + 17) % (c.vocab_size as u64 - 200) + 100) as u32).collect();
+        let positions: Vec<u32> = (0..n as u32).collect();
+        let slots: Vec<u32> = positions.iter().map(|&p| table[p as usize / PAGE] * PAGE as u32 + p % PAGE as u32).collect();
+        let attn: Vec<AttnRow<'_>> = (0..n).map(|i| AttnRow { block_table: &table, ctx_len: i + 1 }).collect();
+        let batch = StepBatch { tokens: &tokens, positions: &positions, slots: &slots, attn: &attn };
+        let mut best = f64::MAX;
+        for _ in 0..3 {
+            let t = Instant::now();
+            let hidden = model.forward_hidden(&mut pool, &batch).unwrap();
+            let last = be.gather_rows(&hidden, c.hidden_size, &[n as u32 - 1]).unwrap();
+            let logits = model.logits(&last).unwrap();
+            be.download(&logits).unwrap();
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        let flops = prefill_flops(c, n);
+        println!("| {n} | {:.1} | {:.0} | {:.1} | {:.1} % |", best * 1e3, n as f64 / best, flops / best / 1e12, 100.0 * flops / best / gemm_rate);
+    }
+}
