@@ -105,7 +105,7 @@ async fn run(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Resul
     };
     let max_tokens = params::max_tokens(name, given, None, prompt.len(), state.engine.max_context())?;
     let reqs = plan.requests(&prompt, max_tokens, n, logprobs).into_iter().enumerate().map(|(i, r)| (i, i == 0, r)).collect();
-    let runs = choices::submit(&state, reqs)?;
+    let runs = choices::submit(&state, reqs).await?;
     let fmt = Format { id: state.response_id("chatcmpl"), created: unix_now(), model: state.model_name.clone(), logprobs: logprobs.is_some() };
     if streaming {
         return Ok(stream::sse(state, runs, fmt, include_usage));

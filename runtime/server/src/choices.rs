@@ -8,6 +8,7 @@ use crate::metrics::RequestTimer;
 use crate::state::AppState;
 use futures_util::stream::{select_all, Stream, StreamExt};
 use serde_json::{json, Value};
+use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use weft_engine::{Event, FinishReason, GenerationRequest};
@@ -21,17 +22,24 @@ pub struct ChoiceRun {
 }
 
 /// Submits every choice or none: if one is refused, the ones already queued are dropped
-/// (aborted) and the refusal is returned.
-pub fn submit(state: &AppState, reqs: Vec<(usize, bool, GenerationRequest)>) -> Result<Vec<ChoiceRun>, ApiError> {
-    let mut runs = Vec::with_capacity(reqs.len());
-    for (index, counts_prompt, r) in reqs {
-        let (_, rx) = state.engine.submit(r).map_err(|e| {
-            state.metrics.request_failed();
-            ApiError::from(e)
-        })?;
-        runs.push(ChoiceRun { index, counts_prompt, rx });
-    }
-    Ok(runs)
+/// (aborted) and the refusal is returned. Runs on a blocking thread: submitting calls the
+/// sampler plugin's `configure`, and a guest that writes to stderr (a panicking plugin does)
+/// makes WASI block on the runtime, which must not happen on an async worker.
+pub async fn submit(state: &Arc<AppState>, reqs: Vec<(usize, bool, GenerationRequest)>) -> Result<Vec<ChoiceRun>, ApiError> {
+    let st = state.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut runs = Vec::with_capacity(reqs.len());
+        for (index, counts_prompt, r) in reqs {
+            let (_, rx) = st.engine.submit(r).map_err(|e| {
+                st.metrics.request_failed();
+                ApiError::from(e)
+            })?;
+            runs.push(ChoiceRun { index, counts_prompt, rx });
+        }
+        Ok(runs)
+    })
+    .await
+    .unwrap_or_else(|e| Err(ApiError::from_kind(weft_engine::ErrorKind::Internal, format!("submitting the request failed: {e}"))))
 }
 
 pub struct TokenOut {

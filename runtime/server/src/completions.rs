@@ -67,7 +67,7 @@ async fn run(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Resul
         }
     }
     let echoed: Vec<String> = if echo { prompts.iter().map(|p| state.tokenizer.decode(p, true).unwrap_or_default()).collect() } else { vec![] };
-    let runs = choices::submit(&state, reqs)?;
+    let runs = choices::submit(&state, reqs).await?;
     let fmt = Format { id: state.response_id("cmpl"), created: unix_now(), model: state.model_name.clone(), echoed, n, logprobs: logprobs.is_some() };
     if streaming {
         return Ok(stream::sse(state, runs, fmt, include_usage));
