@@ -82,6 +82,7 @@ fn openai_client_suite_against_a_live_server() {
         .env("WEFT_MODEL", "demo")
         .env("WEFT_PLUGIN_DIR", weft_plugin_host::built_plugin_dir())
         .env("WEFT_GREEDY_REF", &refs)
+        .env("WEFT_SERVER_PID", server.child.id().to_string())
         .status()
         .unwrap();
     let _ = std::fs::remove_file(&refs);
