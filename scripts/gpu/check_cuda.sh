@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run on the GPU machine from the repository root, with the binaries built on a Rust machine
-# in .device/ (cuda-kernels-test = `cargo test -p weft-cuda --no-run`'s kernels binary,
-# weft, gpu_bench = `cargo build --release -p weft -p weft-cuda --example gpu_bench`).
+# in .device/ (made by scripts/gpu/build_device.sh: cuda-kernels-test = the kernels test binary,
+# weft, gpu_bench, roofline).
 # Writes its logs to $OUT (default: .device/out). MOON=0 skips the Moonlight-shaped dummy model
 # (68 s to load); KIMI=1 adds the Kimi-K2 slice (~107 GB of bf16 weights).
 set -uo pipefail

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with the binaries built on a Rust machine in
-# .device/ (cuda-kernels-test, weft, gpu_bench, roofline; see check_cuda.sh): kernels against
+# .device/ (cuda-kernels-test, weft, gpu_bench, roofline; scripts/gpu/build_device.sh): kernels against
 # the CPU reference, then speed of the Moonlight-shaped and Kimi-K2-slice dummy models (decode
 # and prefill against the GPU's measured ceilings), the large-batch-only paths
 # (WEFT_CUDA_SLOW=1) for comparison, and `weft serve` under load. Logs go to $OUT, written as
