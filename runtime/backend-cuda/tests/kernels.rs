@@ -233,6 +233,31 @@ fn mla_ops_match_cpu() {
     check("copy_kv_pages", &g.download(&pg.data).unwrap(), &pc.data, 1e-4);
 }
 
+/// The same experts on both backends, each made by `make(rng, rows, cols)`.
+type BothExperts = (Vec<ExpertWeights<weft_cuda::CudaMatrix>>, Vec<ExpertWeights<weft_backend::cpu::CpuMatrix>>);
+fn experts_on_both(g: &CudaBackend, c: &CpuBackend, r: &mut Rng, e: usize, hidden: usize, inter: usize, make: impl Fn(&mut Rng, usize, usize) -> HostMatrix<'static>) -> BothExperts {
+    let (mut eg, mut ec) = (vec![], vec![]);
+    for _ in 0..e {
+        let gu = make(r, 2 * inter, hidden);
+        let dn = make(r, hidden, inter);
+        eg.push(ExpertWeights { gate_up: g.upload_matrix(&gu).unwrap(), down: g.upload_matrix(&dn).unwrap(), inter });
+        ec.push(ExpertWeights { gate_up: c.upload_matrix(&gu).unwrap(), down: c.upload_matrix(&dn).unwrap(), inter });
+    }
+    (eg, ec)
+}
+
+/// Random tokens, router logits and bias through both backends' `moe`, compared.
+#[allow(clippy::too_many_arguments)]
+fn check_moe(g: &CudaBackend, c: &CpuBackend, r: &mut Rng, cfg: &RouterConfig, experts: &BothExperts, m: usize, hidden: usize, name: &str, tol: f32) {
+    let e = cfg.n_experts;
+    let x = r.vec(m * hidden, 1.0);
+    let logits = r.vec(m * e, 3.0);
+    let bias = r.vec(e, 0.3);
+    let got = g.download(&g.moe(&g.upload(&x).unwrap(), &g.upload(&logits).unwrap(), &g.upload(&bias).unwrap(), cfg, &experts.0).unwrap()).unwrap();
+    let want = c.moe(&x, &logits, &bias, cfg, &experts.1).unwrap();
+    check(name, &got, &want, tol);
+}
+
 #[test]
 fn moe_matches_cpu() {
     let Some(g) = gpu() else { return };
@@ -240,19 +265,8 @@ fn moe_matches_cpu() {
     let mut r = Rng(3);
     let (m, hidden, inter, e) = (37, 1024, 352, 32);
     let cfg = RouterConfig { n_experts: e, top_k: 6, n_group: 4, topk_group: 2, norm_topk_prob: true, routed_scaling_factor: 2.446 };
-    let (mut eg, mut ec) = (vec![], vec![]);
-    for _ in 0..e {
-        let gu = bf16_matrix(&mut r, 2 * inter, hidden, 0.05);
-        let dn = bf16_matrix(&mut r, hidden, inter, 0.05);
-        eg.push(ExpertWeights { gate_up: g.upload_matrix(&gu).unwrap(), down: g.upload_matrix(&dn).unwrap(), inter });
-        ec.push(ExpertWeights { gate_up: c.upload_matrix(&gu).unwrap(), down: c.upload_matrix(&dn).unwrap(), inter });
-    }
-    let x = r.vec(m * hidden, 1.0);
-    let logits = r.vec(m * e, 3.0);
-    let bias = r.vec(e, 0.3);
-    let got = g.download(&g.moe(&g.upload(&x).unwrap(), &g.upload(&logits).unwrap(), &g.upload(&bias).unwrap(), &cfg, &eg).unwrap()).unwrap();
-    let want = c.moe(&x, &logits, &bias, &cfg, &ec).unwrap();
-    check("moe (route + experts)", &got, &want, GEMM_TOL);
+    let experts = experts_on_both(&g, &c, &mut r, e, hidden, inter, |r, rows, cols| bf16_matrix(r, rows, cols, 0.05));
+    check_moe(&g, &c, &mut r, &cfg, &experts, m, hidden, "moe (route + experts)", GEMM_TOL);
 }
 
 #[test]
@@ -263,39 +277,17 @@ fn moe_decode_path_matches_cpu() {
     // bf16 experts, group-limited routing (device routing and weight-streaming experts)
     let (hidden, inter, e) = (1024, 352, 32);
     let cfg = RouterConfig { n_experts: e, top_k: 6, n_group: 4, topk_group: 2, norm_topk_prob: true, routed_scaling_factor: 2.446 };
-    let (mut eg, mut ec) = (vec![], vec![]);
-    for _ in 0..e {
-        let gu = bf16_matrix(&mut r, 2 * inter, hidden, 0.05);
-        let dn = bf16_matrix(&mut r, hidden, inter, 0.05);
-        eg.push(ExpertWeights { gate_up: g.upload_matrix(&gu).unwrap(), down: g.upload_matrix(&dn).unwrap(), inter });
-        ec.push(ExpertWeights { gate_up: c.upload_matrix(&gu).unwrap(), down: c.upload_matrix(&dn).unwrap(), inter });
-    }
+    let experts = experts_on_both(&g, &c, &mut r, e, hidden, inter, |r, rows, cols| bf16_matrix(r, rows, cols, 0.05));
     for m in [1usize, 4, 16] {
-        let x = r.vec(m * hidden, 1.0);
-        let logits = r.vec(m * e, 3.0);
-        let bias = r.vec(e, 0.3);
-        let got = g.download(&g.moe(&g.upload(&x).unwrap(), &g.upload(&logits).unwrap(), &g.upload(&bias).unwrap(), &cfg, &eg).unwrap()).unwrap();
-        let want = c.moe(&x, &logits, &bias, &cfg, &ec).unwrap();
-        check(&format!("moe device bf16 m={m}"), &got, &want, 1e-4);
+        check_moe(&g, &c, &mut r, &cfg, &experts, m, hidden, &format!("moe device bf16 m={m}"), 1e-4);
     }
     // fp8 experts at Kimi-K2 widths (hidden 7168, inter 2048), 8 of 24 experts, no groups;
     // m = 3 stays on the device, m = 40 takes host routing and dequantized GEMMs.
     let (hidden, inter, e) = (7168, 2048, 24);
     let cfg = RouterConfig { n_experts: e, top_k: 8, n_group: 1, topk_group: 1, norm_topk_prob: true, routed_scaling_factor: 2.827 };
-    let (mut eg, mut ec) = (vec![], vec![]);
-    for _ in 0..e {
-        let gu = fp8_matrix(&mut r, 2 * inter, hidden);
-        let dn = fp8_matrix(&mut r, hidden, inter);
-        eg.push(ExpertWeights { gate_up: g.upload_matrix(&gu).unwrap(), down: g.upload_matrix(&dn).unwrap(), inter });
-        ec.push(ExpertWeights { gate_up: c.upload_matrix(&gu).unwrap(), down: c.upload_matrix(&dn).unwrap(), inter });
-    }
+    let experts = experts_on_both(&g, &c, &mut r, e, hidden, inter, fp8_matrix);
     for (m, tol) in [(3usize, 1e-4), (40, GEMM_TOL)] {
-        let x = r.vec(m * hidden, 1.0);
-        let logits = r.vec(m * e, 3.0);
-        let bias = r.vec(e, 0.3);
-        let got = g.download(&g.moe(&g.upload(&x).unwrap(), &g.upload(&logits).unwrap(), &g.upload(&bias).unwrap(), &cfg, &eg).unwrap()).unwrap();
-        let want = c.moe(&x, &logits, &bias, &cfg, &ec).unwrap();
-        check(&format!("moe fp8 m={m}"), &got, &want, tol);
+        check_moe(&g, &c, &mut r, &cfg, &experts, m, hidden, &format!("moe fp8 m={m}"), tol);
     }
 }
 
