@@ -9,6 +9,7 @@ WEFT_SOAK_ROUNDS (default 1) repeats the rounds: the same file is the soak progr
 (`scripts/soak.sh`)."""
 
 import asyncio
+import json
 import os
 import random
 
@@ -127,8 +128,6 @@ async def slow_readers_round(url, model, tally, refs):
                     async for line in r.aiter_lines():
                         await asyncio.sleep(0.1)
                         if line.startswith("data: {"):
-                            import json
-
                             ch = json.loads(line[6:])["choices"]
                             text += ch[0]["text"] if ch else ""
                 return text, None

@@ -31,7 +31,7 @@ impl CudaBackend {
     /// (the heads of a per-head linear; 1 for a plain linear), x rows `groups * cols` wide.
     pub(crate) fn gemv(&self, w: &CudaMatrix, x: &CudaSlice<f32>, m: usize, groups: usize) -> Result<CudaSlice<f32>> {
         let mut out = self.out(m * w.rows)?;
-        let warps = (THREADS / 32) as usize; // CUDA sub-groups are 32 lanes
+        let warps = (THREADS / crate::SUBGROUP) as usize;
         let cfg = LaunchConfig { grid_dim: (w.rows.div_ceil(warps) as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
         let (m32, rows, cols, grp, xs) = (m as u32, w.rows as u32, w.cols as u32, (w.rows / groups) as u32, (groups * w.cols) as u32);
         match &w.fp8 {

@@ -25,6 +25,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use weft_backend::{BackendError, KvLayout, Result};
 
+/// Lanes per sub-group on CUDA (`WEFT_WARP` in kernels/weft_port.h). Host code that sizes a
+/// grid of one-sub-group-per-row kernels divides by this; a HIP build must use 64 on CDNA.
+pub(crate) const SUBGROUP: u32 = 32;
+
 pub const KERNEL_SOURCE: &str = concat!(
     include_str!("../../../kernels/weft_port.h"),
     "\n",

@@ -124,7 +124,7 @@ impl CudaBackend {
         l.arg(&ids).arg(&n32).arg(&e32).arg(&maxa32).arg(&mut plan);
         unsafe { l.launch(LaunchConfig { grid_dim: (1, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }) }.map_err(dev)?;
 
-        let warps = (THREADS / 32) as usize;
+        let warps = (THREADS / crate::SUBGROUP) as usize;
         let (h32, i32_) = (hidden as u32, inter as u32);
         let mut h = self.out(n * inter)?;
         let grid = |rows: usize| LaunchConfig { grid_dim: ((maxa * rows.div_ceil(warps)) as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };

@@ -41,26 +41,27 @@ pub(crate) fn flat(n: usize) -> LaunchConfig {
 pub(crate) fn upload(be: &CudaBackend, m: &HostMatrix<'_>) -> Result<CudaMatrix> {
     m.validate()?;
     let wants_f32 = (be.all_f32 || crate::is_router(&m.name)) && m.rows * m.cols > 0;
-    let f32_data = if wants_f32 {
-        let mut f = vec![0f32; m.rows * m.cols];
-        m.to_f32_rows(0, m.rows, &mut f);
-        Some(be.stream.clone_htod(&f).map_err(dev)?)
-    } else {
-        None
-    };
     if let (WeightDtype::Fp8E4M3, Some(sc), false) = (m.dtype, &m.scales, m.name.contains("embed_tokens") || wants_f32) {
         let fp8 = Fp8Weight { bytes: be.stream.clone_htod(&m.bytes[..]).map_err(dev)?, scales: be.stream.clone_htod(&sc.scales).map_err(dev)?, block_rows: sc.block_rows, block_cols: sc.block_cols };
         return Ok(CudaMatrix { rows: m.rows, cols: m.cols, data: be.stream.alloc_zeros::<u16>(1).map_err(dev)?, f32_data: None, fp8: Some(fp8) });
     }
-    let bits: Vec<u16> = if m.dtype == WeightDtype::Bf16 {
-        // Already bf16: the bytes are the device format.
-        m.bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect()
-    } else {
+    // Dequantized once, for the f32 copy and/or the bf16 conversion.
+    let f32_values = (wants_f32 || m.dtype != WeightDtype::Bf16).then(|| {
         let mut f = vec![0f32; m.rows * m.cols];
         m.to_f32_rows(0, m.rows, &mut f);
-        f.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect()
+        f
+    });
+    let bits: Vec<u16> = match (&f32_values, m.dtype) {
+        // Already bf16: the bytes are the device format.
+        (_, WeightDtype::Bf16) => m.bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect(),
+        (Some(f), _) => f.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect(),
+        (None, _) => unreachable!("non-bf16 weights are dequantized above"),
     };
     let data = if bits.is_empty() { be.stream.alloc_zeros::<u16>(1).map_err(dev)? } else { be.stream.clone_htod(&bits).map_err(dev)? };
+    let f32_data = match (wants_f32, &f32_values) {
+        (true, Some(f)) => Some(be.stream.clone_htod(f).map_err(dev)?),
+        _ => None,
+    };
     Ok(CudaMatrix { rows: m.rows, cols: m.cols, data, f32_data, fp8: None })
 }
 
