@@ -7,6 +7,7 @@
 pub mod cpu;
 pub mod dtype;
 pub mod dummy;
+pub mod front;
 
 pub use dtype::{BlockScales, HostMatrix, WeightDtype};
 
@@ -148,4 +149,21 @@ pub trait Backend: Send + Sync + 'static {
     /// scaling) of `gate_logits [m, n_experts]`, then the selected experts on `x [m, hidden]`,
     /// combined. Shared experts are not included.
     fn moe(&self, x: &Self::Buf, gate_logits: &Self::Buf, bias: &Self::Buf, cfg: &RouterConfig, experts: &[ExpertWeights<Self::Matrix>]) -> Result<Self::Buf>;
+
+    // ---- sampling front end ----
+    /// For each row of `logits [rows.len(), vocab]`: applies the row's token edits in place,
+    /// then returns its top-`k` candidates after temperature and the full-row log-sum-exp
+    /// ([`front`] is the reference). GPU backends run it on the device so that only the
+    /// candidates cross to the host; this default runs it on a host copy.
+    fn sampling_front(&self, logits: &mut Self::Buf, vocab: usize, rows: &[front::FrontRow]) -> Result<Vec<front::FrontOut>> {
+        let mut host = self.download(logits)?;
+        front::check("sampling_front", host.len(), vocab, rows)?;
+        let out = front::run_on_host(&mut host, vocab, rows);
+        *logits = self.upload(&host)?;
+        Ok(out)
+    }
+    /// Selected `dim`-wide rows of `x` on the host, in the order given.
+    fn download_rows(&self, x: &Self::Buf, dim: usize, rows: &[u32]) -> Result<Vec<f32>> {
+        self.download(&self.gather_rows(x, dim, rows)?)
+    }
 }

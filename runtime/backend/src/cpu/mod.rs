@@ -7,7 +7,7 @@ mod moe;
 
 pub use moe::route;
 
-use crate::{AttnRow, Backend, BackendError, ExpertWeights, HostMatrix, KvLayout, Result, RopeParams, RouterConfig};
+use crate::{front, AttnRow, Backend, BackendError, ExpertWeights, HostMatrix, KvLayout, Result, RopeParams, RouterConfig};
 use rayon::prelude::*;
 
 /// A dense f32 weight matrix `[rows, cols]`, row-major.
@@ -229,6 +229,11 @@ impl Backend for CpuBackend {
         }
         check_rows("moe", gate_logits.len(), cfg.n_experts)?;
         moe::experts(self, x, gate_logits, bias, cfg, experts)
+    }
+
+    fn sampling_front(&self, logits: &mut Vec<f32>, vocab: usize, rows: &[front::FrontRow]) -> Result<Vec<front::FrontOut>> {
+        front::check("sampling_front", logits.len(), vocab, rows)?;
+        Ok(front::run_on_host(logits, vocab, rows))
     }
 }
 
