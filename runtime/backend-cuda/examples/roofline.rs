@@ -147,18 +147,20 @@ fn main() {
     let mut pool = be.alloc_kv_pool(model.kv_layout(max_pages, PAGE)).unwrap();
 
     println!();
-    println!("| batch | context | step ms | out tok/s | bytes/step GB | achieved GB/s | % of copy BW | logits download ms |");
-    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| batch | context | step ms | out tok/s | bytes/step GB | achieved GB/s | % of copy BW | logits download ms | device front end ms (top-64) |");
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for &ctx in &ctxs {
         for &b in &batches {
             if need(b, ctx) > max_pages {
-                println!("| {b} | {ctx} | skipped: the f32 KV cache needs {:.0} GB | | | | | |", (need(b, ctx) * width_bytes) as f64 / 1e9);
+                println!("| {b} | {ctx} | skipped: the f32 KV cache needs {:.0} GB | | | | | | |", (need(b, ctx) * width_bytes) as f64 / 1e9);
                 continue;
             }
             let per_seq = (ctx + steps + 2).div_ceil(PAGE);
             let tables: Vec<Vec<u32>> = (0..b).map(|s| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect()).collect();
             let vocab = c.vocab_size as u64;
-            let mut run_step = |step: usize, download: bool| -> (f64, f64) {
+            // The sampling front end as the engine runs it for a plugin sampler: top-64 per row.
+            let fronts = vec![weft_backend::front::FrontRow { k: 64, temperature: 0.7, edits: vec![] }; b];
+            let mut run_step = |step: usize, download: bool| -> (f64, f64, f64) {
                 let pos = (ctx + step) as u32;
                 let tokens: Vec<u32> = (0..b as u64).map(|s| ((s * 7919 + step as u64 * 104729) % (vocab - 10)) as u32).collect();
                 let positions = vec![pos; b];
@@ -167,28 +169,32 @@ fn main() {
                 let batch = StepBatch { tokens: &tokens, positions: &positions, slots: &slots, attn: &attn };
                 let t = Instant::now();
                 let hidden = model.forward_hidden(&mut pool, &batch).unwrap();
-                let logits = model.logits(&hidden).unwrap();
+                let mut logits = model.logits(&hidden).unwrap();
                 be.synchronize().unwrap();
                 let step_s = t.elapsed().as_secs_f64();
-                let t = Instant::now();
-                if download {
-                    be.download(&logits).unwrap();
+                if !download {
+                    return (step_s, 0.0, 0.0);
                 }
-                (step_s, t.elapsed().as_secs_f64())
+                let t = Instant::now();
+                be.download(&logits).unwrap();
+                let dl = t.elapsed().as_secs_f64();
+                let t = Instant::now();
+                be.sampling_front(&mut logits, c.vocab_size, &fronts).unwrap();
+                (step_s, dl, t.elapsed().as_secs_f64())
             };
             run_step(0, true);
             run_step(1, false);
-            let (mut tot, mut dl) = (0.0, 0.0);
+            let (mut tot, mut dl, mut fe) = (0.0, 0.0, 0.0);
             for s in 0..steps {
-                let (a, d) = run_step(2 + s, s == 0);
+                let (a, d, f) = run_step(2 + s, s == 0);
                 tot += a;
                 if s == 0 {
-                    dl = d;
+                    (dl, fe) = (d, f);
                 }
             }
             let step = tot / steps as f64;
             let bytes = step_bytes(c, b, ctx);
-            println!("| {b} | {ctx} | {:.3} | {:.0} | {:.2} | {:.0} | {:.1} % | {:.2} |", step * 1e3, b as f64 / step, bytes / 1e9, bytes / step / 1e9, 100.0 * bytes / step / copy_bw, dl * 1e3);
+            println!("| {b} | {ctx} | {:.3} | {:.0} | {:.2} | {:.0} | {:.1} % | {:.2} | {:.2} |", step * 1e3, b as f64 / step, bytes / 1e9, bytes / step / 1e9, 100.0 * bytes / step / copy_bw, dl * 1e3, fe * 1e3);
         }
     }
 

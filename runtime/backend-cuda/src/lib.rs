@@ -17,6 +17,7 @@ mod gemv;
 mod mla;
 mod moe;
 mod ops;
+mod sample;
 mod uploads;
 
 use cudarc::cublas::CudaBlas;
@@ -41,6 +42,8 @@ pub const KERNEL_SOURCE: &str = concat!(
     include_str!("../../../kernels/mla.cu"),
     "\n",
     include_str!("../../../kernels/dummy.cu"),
+    "\n",
+    include_str!("../../../kernels/sample.cu"),
 );
 const KERNELS: &[&str] = &[
     "cast_f32_bf16",
@@ -69,6 +72,8 @@ const KERNELS: &[&str] = &[
     "mla_combine",
     "dummy_bf16",
     "dummy_fp8",
+    "front_edits",
+    "front_topk",
 ];
 
 /// A weight matrix `[rows, cols]` on the device: bf16 (`data`), or fp8 with block scales
@@ -160,6 +165,22 @@ fn arch_name(major: i32, minor: i32) -> &'static str {
     }
 }
 
+/// cudarc allocates with `cuMemAllocAsync` from the device's default memory pool; by default
+/// the pool hands freed memory back to the driver at every synchronisation, so each step would
+/// allocate afresh. With the release threshold at its maximum the pool keeps what it has
+/// served: after the first step of a shape, the step loop's activations come from the pool,
+/// not from the driver.
+fn keep_pool_memory(ctx: &CudaContext) {
+    use cudarc::driver::sys;
+    unsafe {
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        if sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) == sys::CUresult::CUDA_SUCCESS {
+            let mut max = u64::MAX;
+            let _ = sys::cuMemPoolSetAttribute(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &mut max as *mut u64 as *mut std::ffi::c_void);
+        }
+    }
+}
+
 impl CudaBackend {
     /// Opens device `ordinal`, compiles the kernels for it and creates the cuBLAS handle.
     /// Machines without the CUDA driver (or NVRTC/cuBLAS) get `Unavailable`, not a panic.
@@ -188,6 +209,7 @@ impl CudaBackend {
         let smem_optin = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).map_err(dev)? as usize;
         funcs["mla_decode"].set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_optin as i32).map_err(dev)?;
         let stream = ctx.default_stream();
+        keep_pool_memory(&ctx);
         let blas = std::panic::catch_unwind(|| CudaBlas::new(stream.clone())).map_err(|_| unavailable("cuBLAS could not be loaded".into()))?.map_err(dev)?;
         let poison = std::env::var("WEFT_CUDA_POISON").is_ok_and(|v| v == "1");
         let all_f32 = std::env::var("WEFT_CUDA_F32").is_ok_and(|v| v == "1");

@@ -78,14 +78,14 @@ impl CudaBackend {
         Ok(b)
     }
 
-    fn up_u32(&self, v: &[u32]) -> Result<CudaSlice<u32>> {
+    pub(crate) fn up_u32(&self, v: &[u32]) -> Result<CudaSlice<u32>> {
         if v.is_empty() {
             return self.stream.alloc_zeros::<u32>(1).map_err(dev);
         }
         self.stream.clone_htod(v).map_err(dev)
     }
 
-    fn up_f32(&self, v: &[f32]) -> Result<CudaSlice<f32>> {
+    pub(crate) fn up_f32(&self, v: &[f32]) -> Result<CudaSlice<f32>> {
         self.stream.clone_htod(v).map_err(dev)
     }
 
@@ -426,5 +426,9 @@ impl Backend for CudaBackend {
             unsafe { l.launch(cfg(ids.len(), 0)) }.map_err(dev)?;
         }
         Ok(out)
+    }
+
+    fn sampling_front(&self, logits: &mut CudaSlice<f32>, vocab: usize, rows: &[weft_backend::front::FrontRow]) -> Result<Vec<weft_backend::front::FrontOut>> {
+        self.front(logits, vocab, rows)
     }
 }

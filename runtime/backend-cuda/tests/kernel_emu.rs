@@ -2,29 +2,28 @@
 //! their logic is checked on machines without a GPU too. Needs a C++20 compiler (`c++`, or
 //! `$CXX`); without one the test says so and passes.
 
+use std::io::Write;
 use std::path::Path;
 use std::process::Command;
 
-#[test]
-fn mla_decode_on_the_cpu_emulator() {
+/// Builds and runs `kernels/emu/<test>.cpp`; its exit status is its number of failures.
+fn run_emulated(test: &str) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels/emu");
-    let exe = std::env::temp_dir().join(format!("weft-mla-emu-{}", std::process::id()));
+    let exe = std::env::temp_dir().join(format!("weft-{test}-{}", std::process::id()));
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-    let built = Command::new(&cxx).args(["-std=c++20", "-O2", "-pthread", "-o"]).arg(&exe).arg(dir.join("mla_test.cpp")).output();
+    let built = Command::new(&cxx).args(["-std=c++20", "-O2", "-pthread", "-o"]).arg(&exe).arg(dir.join(format!("{test}.cpp"))).output();
     match built {
         Err(e) => {
-            use std::io::Write;
             let _ = writeln!(std::io::stderr(), "SKIPPED (no C++ compiler `{cxx}`: {e})");
             return;
         }
         Ok(o) if !o.status.success() => {
             let err = String::from_utf8_lossy(&o.stderr);
             if err.contains("barrier") && err.contains("No such file") {
-                use std::io::Write;
                 let _ = writeln!(std::io::stderr(), "SKIPPED (`{cxx}` has no C++20 <barrier>)");
                 return;
             }
-            panic!("kernels/emu/mla_test.cpp does not compile:\n{err}");
+            panic!("kernels/emu/{test}.cpp does not compile:\n{err}");
         }
         Ok(_) => {}
     }
@@ -32,5 +31,15 @@ fn mla_decode_on_the_cpu_emulator() {
     let _ = std::fs::remove_file(&exe);
     let stdout = String::from_utf8_lossy(&run.stdout);
     eprintln!("{stdout}");
-    assert!(run.status.success(), "emulated mla kernels disagree with the reference:\n{stdout}{}", String::from_utf8_lossy(&run.stderr));
+    assert!(run.status.success(), "emulated kernels of {test} disagree with the reference:\n{stdout}{}", String::from_utf8_lossy(&run.stderr));
+}
+
+#[test]
+fn mla_decode_on_the_cpu_emulator() {
+    run_emulated("mla_test");
+}
+
+#[test]
+fn sampling_front_end_on_the_cpu_emulator() {
+    run_emulated("front_test");
 }
