@@ -9,12 +9,14 @@ use crate::detok::{Detokenizer, StopMatcher, StopOutcome};
 use crate::frontend;
 use crate::kv_pool::{chain_hash, PagePool};
 use crate::request::{ErrorKind, Event, FinishReason, GenerationRequest};
+use crate::step_logits::StepLogits;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use weft_backend::front::FrontRow;
 use weft_backend::{AttnRow, Backend};
 use weft_model::sampling::{logsumexp, top_logprobs, uniform};
 use weft_model::{LoadedModel, StepBatch};
@@ -465,42 +467,67 @@ impl<B: Backend> StepLoop<B> {
         let hidden = model.forward_hidden(&mut self.kv, &batch).map_err(|e| e.to_string())?;
         let rows: Vec<u32> = row_of.iter().map(|&(_, r)| r as u32).collect();
         let logits = if rows.is_empty() {
-            vec![]
+            None
         } else {
             let h = model.backend.gather_rows(&hidden, model.cfg.hidden_size, &rows).map_err(|e| e.to_string())?;
-            model.backend.download(&model.logits(&h).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?
+            Some(model.logits(&h).map_err(|e| e.to_string())?)
         };
         drop(attn);
         for w in work {
             self.running[w.seq].computed = w.start + w.n;
         }
+        let Some(logits) = logits else {
+            self.commit(vec![]);
+            return Ok(());
+        };
         let vocab = model.cfg.vocab_size;
+        let mut logits = StepLogits::new(&model.backend, logits, vocab);
+        let seqs: Vec<usize> = row_of.iter().map(|&(wi, _)| work[wi].seq).collect();
+        // Log-probabilities are reported under the model's raw distribution (vLLM's default):
+        // those rows are fetched before the front end edits the buffer.
+        let lp_rows: Vec<usize> = (0..seqs.len()).filter(|&k| self.running[seqs[k]].req.logprobs.is_some()).collect();
+        let mut raw = logits.raw_rows(&lp_rows)?;
+        let fronts: Vec<FrontRow> = seqs
+            .iter()
+            .map(|&si| {
+                let s = &self.running[si];
+                let k = if s.native { frontend::native_k(&s.req.params) } else { s.plan.candidates as usize };
+                let mut row = frontend::front_row(&s.plan, &s.tokens, s.generated(), if s.req.ignore_eos { &[] } else { &self.eos }, k);
+                frontend::clamp_to_vocab(&mut row, vocab);
+                row
+            })
+            .collect();
+        let outs = logits.front(&fronts)?;
+        // Rows whose sampler wants the whole vocabulary (or more than the backend extracts).
+        let whole: Vec<usize> = (0..fronts.len()).filter(|&k| fronts[k].k == 0).collect();
+        logits.fetch_edited(&whole)?;
         // Sample every sequence that reached the end of its input.
         let mut picks: Vec<Pick> = vec![];
-        let mut groups: Vec<(Arc<LoadedPlugin>, FailurePolicy, Vec<(usize, Vec<f32>, Sequence)>)> = vec![];
-        for (k, &(wi, _)) in row_of.iter().enumerate() {
-            let si = work[wi].seq;
+        let mut groups: Vec<(Arc<LoadedPlugin>, FailurePolicy, Vec<(usize, usize, Sequence)>)> = vec![];
+        for (k, out) in outs.into_iter().enumerate() {
+            let si = seqs[k];
             let s = &self.running[si];
-            let raw = &logits[k * vocab..(k + 1) * vocab];
-            // Log-probabilities are reported under the model's raw distribution (vLLM's default).
-            let lp = s.req.logprobs.map(|n| (k, top_logprobs(raw, n, None)));
-            let mut row = raw.to_vec();
-            frontend::apply_plan(&mut row, &s.plan, &s.tokens, s.generated(), if s.req.ignore_eos { &[] } else { &self.eos });
+            let lp = s.req.logprobs.and_then(|n| raw.remove(&k).map(|row| {
+                let top = top_logprobs(&row, n, None);
+                (row, top)
+            }));
+            let cands = if fronts[k].k == 0 { frontend::extract(logits.edited(k), &fronts[k], 0) } else { frontend::candidates(out) };
             let u = uniform(s.req.seed, s.tokens.len() as u64, 0);
             if s.native {
-                let c = frontend::extract(&row, 0);
-                let t = match native::sample_candidates(&s.req.params, &c, u) {
+                let tok = match native::sample_candidates(&s.req.params, &cands, u) {
                     Decision::Token(t) => Ok(t),
-                    _ => Err("native sampler could not decide".to_string()),
+                    _ => logits.fetch_edited(&[k]).and_then(|()| match native::sample_candidates(&s.req.params, &frontend::extract(logits.edited(k), &fronts[k], 0), u) {
+                        Decision::Token(t) => Ok(t),
+                        _ => Err("native sampler could not decide".to_string()),
+                    }),
                 };
-                picks.push(Pick { si, tok: t, lp });
+                picks.push(Pick { si, tok, lp });
                 continue;
             }
-            let cands = frontend::extract(&row, s.plan.candidates as usize);
             let seq = Sequence { request_id: s.id, state: s.plan.state.clone(), candidates: cands, uniforms: vec![u], history: s.plan.wants_history.then(|| s.tokens[s.prompt_len..].to_vec()) };
             match groups.iter_mut().find(|g| Arc::ptr_eq(&g.0, &s.plugin)) {
-                Some(g) => g.2.push((si, row, seq)),
-                None => groups.push((s.plugin.clone(), s.policy, vec![(si, row, seq)])),
+                Some(g) => g.2.push((si, k, seq)),
+                None => groups.push((s.plugin.clone(), s.policy, vec![(si, k, seq)])),
             }
             picks.push(Pick { si, tok: Err(String::new()), lp }); // placeholder, filled below
         }
@@ -517,11 +544,20 @@ impl<B: Backend> StepLoop<B> {
                         for (m, d) in members.into_iter().zip(decisions) {
                             match d {
                                 Decision::Token(t) => set_pick(&mut picks, m.0, Ok(t)),
-                                Decision::MoreCandidates(n) => again.push((m.0, m.1.clone(), Sequence { candidates: frontend::extract(&m.1, n as usize), ..m.2 })),
-                                Decision::FullVocabulary => again.push((m.0, m.1.clone(), Sequence { candidates: frontend::extract(&m.1, 0), ..m.2 })),
+                                Decision::MoreCandidates(n) => again.push((m, n as usize)),
+                                Decision::FullVocabulary => again.push((m, 0)),
                             }
                         }
-                        members = again;
+                        let ks: Vec<usize> = again.iter().map(|(m, _)| m.1).collect();
+                        members = match logits.fetch_edited(&ks) {
+                            Ok(()) => again.into_iter().map(|(m, n)| (m.0, m.1, Sequence { candidates: frontend::extract(logits.edited(m.1), &fronts[m.1], n), ..m.2 })).collect(),
+                            Err(e) => {
+                                for (m, _) in again {
+                                    set_pick(&mut picks, m.0, Err(e.clone()));
+                                }
+                                vec![]
+                            }
+                        };
                     }
                     Err(e) => {
                         for m in members.drain(..) {
@@ -534,12 +570,13 @@ impl<B: Backend> StepLoop<B> {
                 set_pick(&mut picks, m.0, Err("the sampler kept asking for more candidates".into()));
             }
         }
-        self.commit(picks, &logits, vocab);
+        drop(logits);
+        self.commit(picks);
         Ok(())
     }
 
     /// Appends sampled tokens, publishes full pages, streams text, finishes what stopped.
-    fn commit(&mut self, picks: Vec<Pick>, logits: &[f32], vocab: usize) {
+    fn commit(&mut self, picks: Vec<Pick>) {
         let ps = self.cfg.page_size;
         let max_ctx = self.lm.model.cfg.max_position_embeddings;
         let mut finished: Vec<(u64, Option<FinishReason>, Option<String>)> = vec![];
@@ -582,10 +619,7 @@ impl<B: Backend> StepLoop<B> {
                 reason = Some(FinishReason::Length);
             }
             let (logprob, top_logprobs) = match lp {
-                Some((k, top)) => {
-                    let raw = &logits[k * vocab..(k + 1) * vocab];
-                    (Some(raw[tok as usize] as f64 - logsumexp(raw)), Some(top))
-                }
+                Some((raw, top)) => (Some(raw[tok as usize] as f64 - logsumexp(&raw)), Some(top)),
                 None => (None, None),
             };
             let _ = s.tx.send(Event::Token { id: tok, text, logprob, top_logprobs });
@@ -610,12 +644,12 @@ impl<B: Backend> StepLoop<B> {
     }
 }
 
-/// One sequence's sampling outcome this step; `lp` is (logits row, top-N) when it asked for
-/// log-probabilities.
+/// One sequence's sampling outcome this step; `lp` is (raw logits row, top-N) when it asked
+/// for log-probabilities.
 struct Pick {
     si: usize,
     tok: Result<u32, String>,
-    lp: Option<(usize, Vec<(u32, f64)>)>,
+    lp: Option<(Vec<f32>, Vec<(u32, f64)>)>,
 }
 
 fn set_pick(picks: &mut [Pick], si: usize, v: Result<u32, String>) {

@@ -1,75 +1,73 @@
-//! The sampling front end the native core runs before a sampler plugin sees anything: the
-//! plan's transforms on one logits row (repetition/presence/frequency penalties, logit bias,
-//! banned tokens, min-tokens EOS suppression, temperature), then top-K extraction and the
-//! full-vocabulary log-sum-exp. (On a GPU backend this runs on the device.)
+//! The sampling front end the native core runs before a sampler sees anything, as the engine
+//! asks the backend for it: a request's plan becomes a [`FrontRow`] (token edits for
+//! repetition/presence/frequency penalties, logit bias, banned tokens and min-tokens EOS
+//! suppression; the temperature; how many candidates), the backend applies it to the step's
+//! logits and extracts the top-K with the full-vocabulary log-sum-exp (on the device for GPU
+//! backends: only the candidates cross to the host). `weft_backend::front` holds the math.
 
-use weft_plugin_host::{Candidates, SamplingPlan};
+use std::collections::BTreeMap;
+use weft_backend::front::{self, FrontOut, FrontRow, TokenEdit, MAX_DEVICE_K};
+use weft_plugin_host::{Candidates, SamplingParams, SamplingPlan};
 
-/// Applies `plan` to `logits` in place. `tokens` are the request's prompt + generated tokens,
-/// `generated` how many of them were generated.
-pub fn apply_plan(logits: &mut [f32], plan: &SamplingPlan, tokens: &[u32], generated: usize, eos: &[u32]) {
-    let vocab = logits.len();
+/// The front-end row for one request: `tokens` are its prompt + generated tokens, `generated`
+/// how many of them were generated, `k` the candidates wanted (0 or more than a device
+/// extracts: the engine finishes the row on the host).
+pub fn front_row(plan: &SamplingPlan, tokens: &[u32], generated: usize, eos: &[u32], k: usize) -> FrontRow {
+    let mut edits: BTreeMap<u32, TokenEdit> = BTreeMap::new();
+    fn at(edits: &mut BTreeMap<u32, TokenEdit>, t: u32) -> &mut TokenEdit {
+        edits.entry(t).or_insert(TokenEdit { token: t, repetition: 1.0, subtract: 0.0, bias: 0.0, banned: false })
+    }
     if plan.repetition_penalty != 1.0 {
-        let mut seen = vec![false; vocab];
         for &t in tokens {
-            let t = t as usize;
-            if t < vocab && !seen[t] {
-                seen[t] = true;
-                let l = &mut logits[t];
-                *l = if *l > 0.0 { *l / plan.repetition_penalty } else { *l * plan.repetition_penalty };
-            }
+            at(&mut edits, t).repetition = plan.repetition_penalty;
         }
     }
     if plan.presence_penalty != 0.0 || plan.frequency_penalty != 0.0 {
-        let mut counts = std::collections::HashMap::new();
+        let mut counts: BTreeMap<u32, u32> = BTreeMap::new();
         for &t in &tokens[tokens.len() - generated..] {
-            *counts.entry(t).or_insert(0u32) += 1;
+            *counts.entry(t).or_insert(0) += 1;
         }
         for (t, c) in counts {
-            if (t as usize) < vocab {
-                logits[t as usize] -= plan.presence_penalty + plan.frequency_penalty * c as f32;
-            }
+            at(&mut edits, t).subtract = plan.presence_penalty + plan.frequency_penalty * c as f32;
         }
     }
     for &(t, b) in &plan.logit_bias {
-        if (t as usize) < vocab {
-            logits[t as usize] += b;
-        }
+        at(&mut edits, t).bias += b;
     }
     for &t in &plan.banned_tokens {
-        if (t as usize) < vocab {
-            logits[t as usize] = f32::NEG_INFINITY;
-        }
+        at(&mut edits, t).banned = true;
     }
     if (generated as u32) < plan.min_tokens {
         for &t in eos {
-            if (t as usize) < vocab {
-                logits[t as usize] = f32::NEG_INFINITY;
-            }
+            at(&mut edits, t).banned = true;
         }
     }
-    if plan.temperature > 0.0 && plan.temperature != 1.0 {
-        let inv = 1.0 / plan.temperature;
-        logits.iter_mut().for_each(|l| *l *= inv);
+    FrontRow { k: if k > MAX_DEVICE_K { 0 } else { k }, temperature: plan.temperature, edits: edits.into_values().collect() }
+}
+
+/// Drops edits of tokens outside the vocabulary (a plan may name any id; the backend refuses them).
+pub fn clamp_to_vocab(row: &mut FrontRow, vocab: usize) {
+    row.edits.retain(|e| (e.token as usize) < vocab);
+}
+
+/// How many candidates the native sampler needs to decide without the whole vocabulary:
+/// one when greedy, `top_k` when set; 0 (everything) otherwise.
+pub fn native_k(p: &SamplingParams) -> usize {
+    if p.temperature == 0.0 || p.top_k == 1 {
+        1
+    } else {
+        p.top_k as usize
     }
 }
 
-/// The top `k` (0 = all) finite logits, highest first (ties by id), with the log-sum-exp over
-/// the whole row. `complete` when nothing with non-zero probability is left out.
-pub fn extract(logits: &[f32], k: usize) -> Candidates {
-    let finite: Vec<u32> = (0..logits.len() as u32).filter(|&i| logits[i as usize].is_finite()).collect();
-    let k = if k == 0 { finite.len() } else { k.min(finite.len()) };
-    let cmp = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
-    let mut ids = finite;
-    let n_finite = ids.len();
-    if k < ids.len() && k > 0 {
-        ids.select_nth_unstable_by(k - 1, cmp);
-        ids.truncate(k);
-    }
-    ids.sort_by(cmp);
-    let m = ids.first().map(|&i| logits[i as usize]).unwrap_or(0.0) as f64;
-    let lse = m + logits.iter().filter(|l| l.is_finite()).map(|&l| (l as f64 - m).exp()).sum::<f64>().ln();
-    Candidates { logits: ids.iter().map(|&i| logits[i as usize]).collect(), complete: ids.len() == n_finite, ids, logsumexp: lse as f32 }
+/// A backend's answer as the plugins' candidate list.
+pub fn candidates(o: FrontOut) -> Candidates {
+    Candidates { complete: o.ids.len() == o.finite, ids: o.ids, logits: o.logits, logsumexp: o.logsumexp }
+}
+
+/// The top `k` (0 = all) of an edited host row, after the row's temperature.
+pub fn extract(edited: &[f32], row: &FrontRow, k: usize) -> Candidates {
+    candidates(front::top_k(&front::scaled(edited, row), k))
 }
 
 #[cfg(test)]
@@ -81,7 +79,7 @@ mod tests {
     }
 
     #[test]
-    fn transforms() {
+    fn plan_to_edits() {
         let mut l = vec![1.0f32, 2.0, -1.0, 0.5];
         let mut p = plan();
         p.repetition_penalty = 2.0;
@@ -91,23 +89,28 @@ mod tests {
         p.banned_tokens = vec![0];
         p.min_tokens = 5;
         // tokens: prompt [1], generated [2, 2]
-        apply_plan(&mut l, &p, &[1, 2, 2], 2, &[3]);
+        let row = front_row(&p, &[1, 2, 2], 2, &[3], 8);
+        assert_eq!(row.edits.len(), 4, "one edit per token");
+        front::apply_edits(&mut l, &row);
         assert_eq!(l[0], f32::NEG_INFINITY, "banned");
         assert_eq!(l[1], 1.0, "repetition: 2.0 / 2");
         assert_eq!(l[2], -2.0 - 0.5 - 0.5, "repetition then presence + 2 x frequency");
         assert_eq!(l[3], f32::NEG_INFINITY, "EOS suppressed before min_tokens");
+        let all = extract(&l, &row, 0);
+        assert_eq!(all.ids, vec![1, 2]);
+        assert!(all.complete, "the banned tokens have zero probability");
+        assert_eq!(front_row(&p, &[1], 0, &[], MAX_DEVICE_K + 1).k, 0, "more than a device extracts: the whole row");
     }
 
     #[test]
-    fn extraction() {
-        let l = vec![0.0f32, 3.0, f32::NEG_INFINITY, 3.0, 1.0];
-        let c = extract(&l, 2);
-        assert_eq!(c.ids, vec![1, 3]);
-        assert!(!c.complete);
-        let lse = (1.0f64 + 2.0 * 3f64.exp() + 1f64.exp()).ln();
-        assert!((c.logsumexp as f64 - lse).abs() < 1e-5);
-        let all = extract(&l, 0);
-        assert_eq!(all.ids, vec![1, 3, 4, 0]);
-        assert!(all.complete, "the banned token has zero probability");
+    fn native_needs() {
+        let mut p = weft_plugin_host::neutral_params(100);
+        p.temperature = 0.0;
+        assert_eq!(native_k(&p), 1);
+        p.temperature = 0.8;
+        p.top_k = 40;
+        assert_eq!(native_k(&p), 40);
+        p.top_k = 0;
+        assert_eq!(native_k(&p), 0);
     }
 }

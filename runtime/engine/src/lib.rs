@@ -8,6 +8,7 @@ pub mod engine;
 pub mod frontend;
 pub mod kv_pool;
 pub mod request;
+pub mod step_logits;
 
 pub use engine::{Engine, EngineConfig, EngineStats, SubmitError};
 pub use request::{ErrorKind, Event, FinishReason, GenerationRequest};
