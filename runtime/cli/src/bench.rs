@@ -32,14 +32,21 @@ pub struct BenchServeArgs {
     /// Poisson arrivals at this many requests/s (default: all at once, limited by concurrency).
     #[arg(long)]
     request_rate: Option<f64>,
-    /// Requests per concurrency level (default: 4 × the concurrency, at least 8).
+    /// Requests per concurrency level (default: `--waves` × the concurrency, at least 4).
     #[arg(long)]
     num_prompts: Option<usize>,
+    /// Without --num-prompts: each level sends this many requests per concurrent slot.
+    #[arg(long, default_value_t = 4)]
+    waves: usize,
     /// Prompt token ids are drawn uniformly from [100, vocab-size).
     #[arg(long, default_value_t = 2000)]
     vocab_size: u32,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Sampling temperature of every request (0 = greedy, what vLLM's and SGLang's benchmark
+    /// clients send by default).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f64,
     /// GPUs serving the endpoint (for tokens/s per GPU).
     #[arg(long)]
     gpus: Option<f64>,
@@ -102,8 +109,11 @@ fn one_request(agent: &ureq::Agent, url: &str, body: &Value, in_tokens: usize) -
         if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
             usage_tokens = Some(n as usize);
         }
-        let has_text = v["choices"].as_array().and_then(|c| c.first()).and_then(|c| c["text"].as_str()).is_some_and(|t| !t.is_empty());
-        if has_text {
+        // A token chunk: text (weft sends one chunk per token, its text possibly empty), or a
+        // last chunk that still carries text.
+        let choice = v["choices"].as_array().and_then(|c| c.first());
+        let is_token = choice.is_some_and(|c| c["text"].as_str().is_some_and(|t| !t.is_empty() || c["finish_reason"].is_null()));
+        if is_token {
             let now = Instant::now();
             match last {
                 None => rec.ttft = now.duration_since(t0).as_secs_f64(),
@@ -115,8 +125,8 @@ fn one_request(agent: &ureq::Agent, url: &str, body: &Value, in_tokens: usize) -
     }
     rec.e2e = t0.elapsed().as_secs_f64();
     rec.out_tokens = usage_tokens.unwrap_or(rec.out_tokens);
-    // Tokens that decode to no text (a dummy model's ids beyond its tokenizer) send no chunk:
-    // such a request still succeeded if the usage says it generated, but its TTFT is the end.
+    // A server that sends no chunk for tokens without text: the request still succeeded if the
+    // usage says it generated, but its TTFT is the end.
     rec.ok = last.is_some() || rec.out_tokens > 0;
     if last.is_none() {
         rec.ttft = rec.e2e;
@@ -137,12 +147,12 @@ fn stats(mut v: Vec<f64>) -> Value {
 }
 
 fn run_level(a: &BenchServeArgs, model: &str, c: usize) -> Value {
-    let n = a.num_prompts.unwrap_or((4 * c).max(8));
+    let n = a.num_prompts.unwrap_or((a.waves * c).max(4));
     let mut rng = a.seed ^ (c as u64) << 32;
     let bodies: Vec<Value> = (0..n)
         .map(|_| {
             let ids: Vec<u32> = (0..a.input_len).map(|_| 100 + (splitmix(&mut rng) % (a.vocab_size.max(101) as u64 - 100)) as u32).collect();
-            json!({"model": model, "prompt": ids, "max_tokens": a.output_len, "stream": true, "stream_options": {"include_usage": true}, "ignore_eos": true, "temperature": 1.0, "seed": splitmix(&mut rng) >> 1})
+            json!({"model": model, "prompt": ids, "max_tokens": a.output_len, "stream": true, "stream_options": {"include_usage": true}, "ignore_eos": true, "temperature": a.temperature, "seed": splitmix(&mut rng) >> 1})
         })
         .collect();
     // Arrival offsets: exponential gaps at --request-rate, else all at t=0.
@@ -177,8 +187,12 @@ fn run_level(a: &BenchServeArgs, model: &str, c: usize) -> Value {
                         std::thread::sleep(Duration::from_secs_f64(wait));
                     }
                     let r = one_request(&agent, &url, &bodies[i], in_len);
-                    records.lock().unwrap().push(r);
-                    eprint!("\r  concurrency {c}: {}/{} requests", records.lock().unwrap().len(), bodies.len());
+                    let done = {
+                        let mut recs = records.lock().unwrap();
+                        recs.push(r);
+                        recs.len()
+                    };
+                    progress(c, done, bodies.len(), t0.elapsed().as_secs_f64());
                 }
             })
         })
@@ -214,6 +228,18 @@ fn run_level(a: &BenchServeArgs, model: &str, c: usize) -> Value {
     v
 }
 
+/// A progress bar on a terminal; on a pipe or file, a line at every quarter (logs stay short).
+fn progress(c: usize, done: usize, n: usize, secs: f64) {
+    use std::io::IsTerminal;
+    const WIDTH: usize = 30;
+    if std::io::stderr().is_terminal() {
+        let fill = WIDTH * done / n.max(1);
+        eprint!("\r  concurrency {c:>4} [{}{}] {done}/{n} requests, {secs:.0} s", "#".repeat(fill), ".".repeat(WIDTH - fill));
+    } else if (4 * done) / n.max(1) != (4 * (done - 1)) / n.max(1) {
+        eprintln!("  concurrency {c}: {done}/{n} requests, {secs:.0} s");
+    }
+}
+
 fn f(v: &Value) -> String {
     v.as_f64().map_or("-".into(), |x| if x >= 100.0 { format!("{x:.0}") } else { format!("{x:.1}") })
 }
@@ -234,10 +260,12 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
         }
     };
     eprintln!("bench serve: {} `{model}`, {} input + {} output tokens, concurrency {:?}", a.url, a.input_len, a.output_len, a.concurrency);
-    let levels: Vec<Value> = a.concurrency.iter().map(|&c| run_level(&a, &model, c)).collect();
     println!("| conc | done | fail | req/s | out tok/s | total tok/s | stream tok/s | TTFT mean / p50 / p99 ms | TPOT mean / p50 / p99 ms | ITL p50 / p99 ms | e2e p50 / p99 ms |");
     println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- |");
-    for l in &levels {
+    // Each level's row is printed as soon as it finishes (a sweep cut short keeps its rows).
+    let mut levels: Vec<Value> = vec![];
+    for &c in &a.concurrency {
+        let l = run_level(&a, &model, c);
         println!(
             "| {} | {} | {} | {:.2} | {} | {} | {} | {} / {} / {} | {} / {} / {} | {} / {} | {} / {} |",
             l["concurrency"], l["completed"], l["failed"], l["request_throughput"].as_f64().unwrap_or(0.0), f(&l["output_tokens_per_s"]), f(&l["total_tokens_per_s"]), f(&l["per_stream_decode_tokens_per_s"]),
@@ -245,6 +273,8 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
             f(&l["tpot_ms"]["mean"]), f(&l["tpot_ms"]["median"]), f(&l["tpot_ms"]["p99"]),
             f(&l["itl_ms"]["median"]), f(&l["itl_ms"]["p99"]), f(&l["e2e_ms"]["median"]), f(&l["e2e_ms"]["p99"]),
         );
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+        levels.push(l);
     }
     if let Some(p) = &a.json {
         let doc = json!({"url": a.url, "model": model, "input_len": a.input_len, "output_len": a.output_len, "request_rate": a.request_rate, "results": levels});

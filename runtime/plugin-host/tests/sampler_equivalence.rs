@@ -70,3 +70,27 @@ fn top_k_renorm_prob_semantics() {
         assert_eq!(native::sample_full(&prm, &logits, u), want);
     }
 }
+
+/// A flat distribution over Kimi's 163,840-token vocabulary (what a random-weight model
+/// produces): untruncated sampling must see the whole vocabulary, and that call has to fit in
+/// the default 50 ms deadline. Prints what it took.
+#[test]
+fn full_vocabulary_call_fits_the_default_deadline() {
+    let r = Registry::with_defaults(SandboxLimits::default()).unwrap();
+    let (p, pol) = r.resolve(PluginKind::Sampler, None).unwrap();
+    let vocab = 163_840;
+    let mut rng = Rng(3);
+    let logits = random_logits(&mut rng, vocab, 0.1);
+    let mut prm = params();
+    prm.vocab_size = vocab as u32;
+    prm.temperature = 1.0;
+    let (plan, _) = calls::configure(&p, pol, &prm).unwrap();
+    let cands = candidates(&logits, 0);
+    for round in 0..3 {
+        let s = Sequence { request_id: 1, state: plan.state.clone(), candidates: cands.clone(), uniforms: vec![0.9], history: None };
+        let t = std::time::Instant::now();
+        let d = calls::sample(&p, pol, &[s], &[&prm], vocab as u32).unwrap();
+        eprintln!("full-vocabulary sampler call {round}: {:.2} ms -> {:?}", t.elapsed().as_secs_f64() * 1e3, d[0]);
+        assert!(matches!(d[0], Decision::Token(_)));
+    }
+}

@@ -140,9 +140,8 @@ impl ChunkFormat for Format {
     }
 
     fn token(&mut self, state: &AppState, index: usize, text: &str, tok: &TokenOut) -> Option<Value> {
-        if text.is_empty() && !self.logprobs {
-            return None;
-        }
+        // One chunk per generated token, its text possibly empty (a token that completes no
+        // character yet, or an id the tokenizer lacks): clients can time every token.
         let lp = if self.logprobs { json!({"content": [logprobs::chat_entry(state, tok)]}) } else { Value::Null };
         Some(self.chunk(index, json!({"content": text}), lp, None))
     }

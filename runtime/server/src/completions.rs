@@ -106,9 +106,8 @@ impl ChunkFormat for Format {
     }
 
     fn token(&mut self, state: &AppState, index: usize, text: &str, tok: &TokenOut) -> Option<Value> {
-        if text.is_empty() && !self.logprobs {
-            return None;
-        }
+        // One chunk per generated token, its text possibly empty (a token that completes no
+        // character yet, or an id the tokenizer lacks): clients can time every token.
         let lp = if self.logprobs { logprobs::completion(state, std::slice::from_ref(tok)) } else { Value::Null };
         Some(self.chunk(json!({"index": index, "text": text, "logprobs": lp, "finish_reason": null})))
     }
