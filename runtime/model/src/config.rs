@@ -246,6 +246,30 @@ impl ModelConfig {
                 return Err(unsupported(f, 0, "must be positive"));
             }
         }
+        // Bounds far above any published model that keep sizes computed from the config
+        // (weights, caches, per-layer tables) from overflowing or asking for absurd memory.
+        const DIM: usize = 1 << 24;
+        for (f, v, max) in [
+            ("vocab_size", cfg.vocab_size, DIM),
+            ("hidden_size", cfg.hidden_size, DIM),
+            ("intermediate_size", cfg.intermediate_size, DIM),
+            ("moe_intermediate_size", cfg.moe_intermediate_size, DIM),
+            ("num_hidden_layers", cfg.num_hidden_layers, 4096),
+            ("num_attention_heads", cfg.num_attention_heads, 4096),
+            ("q_lora_rank", cfg.q_lora_rank.unwrap_or(0), DIM),
+            ("kv_lora_rank", cfg.kv_lora_rank, DIM),
+            ("qk_nope_head_dim", cfg.qk_nope_head_dim, 65536),
+            ("qk_rope_head_dim", cfg.qk_rope_head_dim, 65536),
+            ("v_head_dim", cfg.v_head_dim, 65536),
+            ("n_routed_experts", cfg.n_routed_experts, 65536),
+            ("n_shared_experts", cfg.n_shared_experts, 65536),
+            ("num_nextn_predict_layers", cfg.num_nextn_predict_layers, 4096),
+            ("max_position_embeddings", cfg.max_position_embeddings, 1 << 30),
+        ] {
+            if v > max {
+                return Err(unsupported(f, v, &format!("larger than weft accepts ({max})")));
+            }
+        }
         Ok(cfg)
     }
 

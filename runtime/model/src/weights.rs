@@ -213,7 +213,7 @@ impl<B: Backend> ModelWeights<B> {
         let l = Loader { ck, be, cfg };
         let (v, h) = (cfg.vocab_size, cfg.hidden_size);
         let embed = l.mat("model.embed_tokens.weight", v, h)?;
-        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        let mut layers = Vec::new();
         for i in 0..cfg.num_hidden_layers {
             tracing::debug!(layer = i, "loading layer");
             layers.push(l.layer(i)?);

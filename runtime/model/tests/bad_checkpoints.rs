@@ -1,23 +1,12 @@
 //! Every broken-checkpoint case gives a one-line error naming the problem, never a panic.
 //! Each case copies a golden fixture into a temporary directory and breaks one thing.
 
+mod common;
+use common::*;
 use safetensors::tensor::{Dtype, TensorView};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use weft_backend::cpu::CpuBackend;
 use weft_model::LoadedModel;
-
-fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden/kimi-fp8-partial-blocks")
-}
-
-fn copy_fixture() -> tempfile::TempDir {
-    let t = tempfile::tempdir().unwrap();
-    for e in std::fs::read_dir(fixture()).unwrap() {
-        let p = e.unwrap().path();
-        std::fs::copy(&p, t.path().join(p.file_name().unwrap())).unwrap();
-    }
-    t
-}
 
 fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
     let p = dir.join("config.json");

@@ -1,0 +1,35 @@
+//! Helpers shared by the checkpoint tests: a golden fixture copied into a temporary directory
+//! (to break one thing in it) and deterministic randomness.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+/// The fp8 golden fixture: small, and it exercises every loader path (block scales included).
+pub fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden/kimi-fp8-partial-blocks")
+}
+
+pub fn copy_fixture() -> tempfile::TempDir {
+    let t = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(fixture()).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, t.path().join(p.file_name().unwrap())).unwrap();
+    }
+    t
+}
+
+/// splitmix64.
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
