@@ -10,6 +10,8 @@ use weft_plugin_sdk::sampler::weft::plugin::types::{PluginInfo, PluginKind};
 
 /// Candidates requested per step when no top-k bounds the distribution.
 const DEFAULT_CANDIDATES: u32 = 64;
+/// Past this many candidates an untruncated draw asks for the whole vocabulary at once.
+const WIDEST_MORE: usize = 1024;
 
 struct DefaultSampler;
 
@@ -167,6 +169,10 @@ fn decide(c: &SeqView) -> Decision {
     }
     if c.complete {
         Decision::Token(c.ids[n - 1])
+    } else if n < WIDEST_MORE {
+        // Widen the head first: an engine extracts a few hundred candidates on the device far
+        // cheaper than it ships the whole vocabulary (163,840 entries for Kimi).
+        more()
     } else {
         Decision::FullVocabulary
     }

@@ -16,7 +16,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
-use weft_backend::front::FrontRow;
+use weft_backend::front::{FrontRow, MAX_DEVICE_K};
 use weft_backend::{AttnRow, Backend};
 use weft_model::sampling::{logsumexp, top_logprobs, uniform};
 use weft_model::{LoadedModel, StepBatch};
@@ -548,9 +548,22 @@ impl<B: Backend> StepLoop<B> {
                                 Decision::FullVocabulary => again.push((m, 0)),
                             }
                         }
-                        let ks: Vec<usize> = again.iter().map(|(m, _)| m.1).collect();
-                        members = match logits.fetch_edited(&ks) {
-                            Ok(()) => again.into_iter().map(|(m, n)| (m.0, m.1, Sequence { candidates: frontend::extract(logits.edited(m.1), &fronts[m.1], n), ..m.2 })).collect(),
+                        // Up to MAX_DEVICE_K more candidates come from the backend's front
+                        // end; the whole vocabulary (or more than that) from a host row.
+                        let on_device = |n: usize| n > 0 && n <= MAX_DEVICE_K;
+                        let wanted: Vec<(usize, usize)> = again.iter().filter(|a| on_device(a.1)).map(|(m, n)| (m.1, *n)).collect();
+                        let ks: Vec<usize> = again.iter().filter(|a| !on_device(a.1)).map(|(m, _)| m.1).collect();
+                        members = match logits.more(&wanted, &fronts).and_then(|more| logits.fetch_edited(&ks).map(|()| more)) {
+                            Ok(mut more) => again
+                                .into_iter()
+                                .map(|(m, n)| {
+                                    let candidates = match more.remove(&m.1) {
+                                        Some(out) => frontend::candidates(out),
+                                        None => frontend::extract(logits.edited(m.1), &fronts[m.1], n),
+                                    };
+                                    (m.0, m.1, Sequence { candidates, ..m.2 })
+                                })
+                                .collect(),
                             Err(e) => {
                                 for (m, _) in again {
                                     set_pick(&mut picks, m.0, Err(e.clone()));

@@ -39,6 +39,20 @@ impl<'a, B: Backend> StepLogits<'a, B> {
         self.backend.sampling_front(&mut self.buf, self.vocab, rows).map_err(|e| e.to_string())
     }
 
+    /// More candidates for some rows (`(row, k)`, `k <= MAX_DEVICE_K`) from the already edited
+    /// buffer: the rows are gathered and run through the front end again (no edits, the same
+    /// temperature), so a GPU backend still ships only candidates.
+    pub fn more(&mut self, wanted: &[(usize, usize)], fronts: &[FrontRow]) -> Result<HashMap<usize, FrontOut>, String> {
+        if wanted.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let idx: Vec<u32> = wanted.iter().map(|&(k, _)| k as u32).collect();
+        let mut sub = self.backend.gather_rows(&self.buf, self.vocab, &idx).map_err(|e| e.to_string())?;
+        let rows: Vec<FrontRow> = wanted.iter().map(|&(k, n)| FrontRow { k: n, temperature: fronts[k].temperature, edits: vec![] }).collect();
+        let outs = self.backend.sampling_front(&mut sub, self.vocab, &rows).map_err(|e| e.to_string())?;
+        Ok(wanted.iter().map(|&(k, _)| k).zip(outs).collect())
+    }
+
     /// Makes the edited rows `ks` available to [`Self::edited`] (one download for all missing).
     pub fn fetch_edited(&mut self, ks: &[usize]) -> Result<(), String> {
         let mut missing: Vec<usize> = ks.iter().copied().filter(|k| !self.edited.contains_key(k)).collect();
