@@ -2,16 +2,51 @@
 //! value of the wrong type is reported with the path of the field that holds it.
 
 use crate::error::ApiError;
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
+
+/// How far past its limit an oversize body is still read (and dropped) before the 413 goes
+/// out, in multiples of the limit.
+const DRAIN_FACTOR: usize = 4;
+
+fn too_large(limit: usize) -> ApiError {
+    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("the request body is larger than the server's limit of {limit} bytes")).with_code("body_too_large")
+}
+
+/// Middleware for routes with a body limit: reads the whole body first. One over `limit` is
+/// read on and dropped (up to `DRAIN_FACTOR` × the limit) before the 413 is sent: answering
+/// while the client is still sending makes the server close a connection with unread data, and
+/// the client then sees a reset instead of the answer. A body within the limit goes on as is.
+pub async fn limit_body(State(limit): State<usize>, req: Request, next: Next) -> Response {
+    use futures_util::StreamExt;
+    let (parts, body) = req.into_parts();
+    let mut stream = body.into_data_stream();
+    let (mut kept, mut seen) = (Vec::new(), 0usize);
+    while let Some(chunk) = stream.next().await {
+        let Ok(data) = chunk else { return ApiError::bad_request("could not read the request body").into_response() };
+        seen += data.len();
+        if seen <= limit {
+            kept.extend_from_slice(&data);
+        } else if seen > limit.saturating_mul(DRAIN_FACTOR) {
+            break;
+        }
+    }
+    if seen > limit {
+        return too_large(limit).into_response();
+    }
+    next.run(Request::from_parts(parts, Body::from(kept))).await
+}
 
 /// The body bytes, or 413 when the body is over the route's limit.
 pub fn bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
     body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("the request body is larger than the server's limit of {limit} bytes")).with_code("body_too_large")
+            too_large(limit)
         } else {
             ApiError::bad_request(format!("could not read the request body: {e}"))
         }

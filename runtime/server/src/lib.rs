@@ -32,7 +32,8 @@ pub fn router(state: Arc<AppState>) -> Router {
     let openai = Router::new()
         .route("/v1/completions", post(completions::handler))
         .route("/v1/chat/completions", post(chat::handler))
-        .layer(DefaultBodyLimit::max(state.cfg.max_body_bytes));
+        .layer(DefaultBodyLimit::max(state.cfg.max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(state.cfg.max_body_bytes, body::limit_body));
     Router::new()
         .merge(openai)
         .route("/v1/models", get(routes::models))
