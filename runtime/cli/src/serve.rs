@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use crate::backend::Chosen;
 use weft_backend::Backend;
-use weft_engine::{Engine, EngineConfig};
+use weft_engine::{DrafterKind, Engine, EngineConfig, SpecConfig};
 use weft_model::tokenizer::TextTokenizer;
 use weft_model::LoadedModel;
 use weft_plugin_host::{Registry, SandboxLimits};
@@ -72,6 +72,26 @@ pub struct ServeArgs {
     /// shapes, for benchmarks; the tokenizer comes from the demo model when DIR has none).
     #[arg(long, default_value = "safetensors")]
     load_format: String,
+    /// Speculative decoding drafter: `ngram` (prompt lookup), or `oracle` (a benchmark
+    /// instrument: replays an earlier run of the same prompt, each draft right with probability
+    /// --oracle-acceptance). Off when not given.
+    #[arg(long)]
+    speculative: Option<String>,
+    /// Drafts per verify step, at most.
+    #[arg(long, default_value_t = 4)]
+    num_draft_tokens: usize,
+    /// Prompt lookup: longest and shortest n-gram matched.
+    #[arg(long, default_value_t = 4)]
+    ngram_max: usize,
+    #[arg(long, default_value_t = 1)]
+    ngram_min: usize,
+    /// Keep the draft length fixed (default: adapt it to the acceptance rate, pausing drafting
+    /// while acceptance stays low).
+    #[arg(long)]
+    fixed_draft_length: bool,
+    /// The oracle's per-draft acceptance probability.
+    #[arg(long, default_value_t = 0.7)]
+    oracle_acceptance: f64,
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
@@ -127,7 +147,23 @@ fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String) -> Result<()> {
         }
         registry.watch_dir(pd.clone(), Duration::from_secs(2));
     }
-    let cfg = EngineConfig { num_pages, page_size: a.page_size, token_budget: a.token_budget, max_sequences: a.max_sequences };
+    let spec = match a.speculative.as_deref() {
+        None | Some("off") | Some("none") => None,
+        Some("ngram") => {
+            if a.ngram_min == 0 || a.ngram_min > a.ngram_max || a.num_draft_tokens == 0 || a.num_draft_tokens > 64 {
+                bail!("--speculative ngram needs 1 <= --ngram-min <= --ngram-max and --num-draft-tokens in 1..=64");
+            }
+            Some(SpecConfig { drafter: DrafterKind::Ngram { min_n: a.ngram_min, max_n: a.ngram_max }, num_draft_tokens: a.num_draft_tokens, adaptive: !a.fixed_draft_length })
+        }
+        Some("oracle") => {
+            if !(0.0..=1.0).contains(&a.oracle_acceptance) || a.num_draft_tokens == 0 || a.num_draft_tokens > 64 {
+                bail!("--speculative oracle needs --oracle-acceptance in [0, 1] and --num-draft-tokens in 1..=64");
+            }
+            Some(SpecConfig { drafter: DrafterKind::Oracle { acceptance: a.oracle_acceptance }, num_draft_tokens: a.num_draft_tokens, adaptive: !a.fixed_draft_length })
+        }
+        Some(other) => bail!("--speculative {other:?}: the drafters are `ngram` and `oracle` (a benchmark instrument), or `off`"),
+    };
+    let cfg = EngineConfig { num_pages, page_size: a.page_size, token_budget: a.token_budget, max_sequences: a.max_sequences, spec };
     let engine = Arc::new(Engine::start(lm, registry, cfg)?);
     let server_cfg = ServerConfig { model_name: name.clone(), max_body_bytes: a.max_body_bytes, admin_token: a.admin_token.clone().filter(|t| !t.is_empty()), ..Default::default() };
     let admin = if server_cfg.admin_token.is_some() { "on" } else { "off (set --admin-token)" };

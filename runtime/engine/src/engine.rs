@@ -9,6 +9,7 @@ use crate::detok::{Detokenizer, StopMatcher, StopOutcome};
 use crate::frontend;
 use crate::kv_pool::{chain_hash, PagePool};
 use crate::request::{ErrorKind, Event, FinishReason, GenerationRequest};
+use crate::spec::{self, SpecConfig, SpecState};
 use crate::step_logits::StepLogits;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,11 +30,13 @@ pub struct EngineConfig {
     /// Tokens per forward pass (decode tokens + prefill chunks).
     pub token_budget: usize,
     pub max_sequences: usize,
+    /// Speculative decoding (None: off).
+    pub spec: Option<SpecConfig>,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { num_pages: 512, page_size: 64, token_budget: 512, max_sequences: 64 }
+        EngineConfig { num_pages: 512, page_size: 64, token_budget: 512, max_sequences: 64, spec: None }
     }
 }
 
@@ -54,6 +57,12 @@ pub struct EngineStats {
     pub finished: u64,
     pub aborted: u64,
     pub failed: u64,
+    /// Speculative decoding: verify steps, drafts proposed, drafts accepted.
+    pub spec_rounds: u64,
+    pub spec_drafted: u64,
+    pub spec_accepted: u64,
+    /// The drafter's name ("" when speculative decoding is off).
+    pub spec_drafter: &'static str,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +94,9 @@ struct Seq {
     stop: StopMatcher,
     cached_tokens: usize,
     arrival_ms: u64,
+    /// Whether this request may speculate (see `spec::eligible`), and its drafting state.
+    speculates: bool,
+    spec: SpecState,
 }
 
 impl Seq {
@@ -107,6 +119,7 @@ pub struct Engine {
     vocab: usize,
     max_context: usize,
     eos: Vec<u32>,
+    speculative: bool,
     start: Instant,
     handle: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -114,17 +127,18 @@ pub struct Engine {
 impl Engine {
     pub fn start<B: Backend>(model: LoadedModel<B>, registry: Arc<Registry>, cfg: EngineConfig) -> Result<Engine, PluginError> {
         let (tx, rx) = mpsc::channel();
-        let stats = Arc::new(Mutex::new(EngineStats { total_pages: cfg.num_pages, free_pages: cfg.num_pages, ..Default::default() }));
+        let stats = Arc::new(Mutex::new(EngineStats { total_pages: cfg.num_pages, free_pages: cfg.num_pages, spec_drafter: cfg.spec.as_ref().map_or("", |c| c.drafter.name()), ..Default::default() }));
         let vocab = model.model.cfg.vocab_size;
         let max_context = model.model.cfg.max_position_embeddings;
         let eos = model.eos_ids();
         let start = Instant::now();
+        let speculative = cfg.spec.is_some();
         let (s2, r2) = (stats.clone(), registry.clone());
         let handle = std::thread::Builder::new()
             .name("weft-step-loop".into())
             .spawn(move || StepLoop::new(model, r2, cfg, s2).run(rx))
             .map_err(|e| PluginError::Host(format!("step loop thread: {e}")))?;
-        Ok(Engine { tx, stats, next_id: AtomicU64::new(1), registry, vocab, max_context, eos, start, handle: Mutex::new(Some(handle)) })
+        Ok(Engine { tx, stats, next_id: AtomicU64::new(1), registry, vocab, max_context, eos, speculative, start, handle: Mutex::new(Some(handle)) })
     }
 
     pub fn stats(&self) -> EngineStats {
@@ -169,6 +183,7 @@ impl Engine {
             PluginError::Rejected(m) => SubmitError::Invalid(m),
             other => SubmitError::Unavailable(other.to_string()),
         })?;
+        let speculates = self.speculative && spec::eligible(&req.params, req.logprobs, native || plugin.id.name == "default");
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let arrival_ms = self.start.elapsed().as_millis() as u64;
         let (adm, apol) = self.registry.resolve(PluginKind::Admission, None).map_err(|e| SubmitError::Unavailable(e.to_string()))?;
@@ -193,6 +208,8 @@ impl Engine {
             stop: StopMatcher::new(req.stop.clone()),
             cached_tokens: 0,
             arrival_ms,
+            speculates,
+            spec: SpecState::default(),
             req,
             tx,
         };
@@ -226,6 +243,8 @@ struct StepLoop<B: Backend> {
     stats: Arc<Mutex<EngineStats>>,
     counters: EngineStats,
     eos: Vec<u32>,
+    /// The oracle drafter's recordings: prompt hash → the continuation it produced.
+    recorded: std::collections::HashMap<u64, Vec<u32>>,
 }
 
 struct Work {
@@ -239,7 +258,7 @@ impl<B: Backend> StepLoop<B> {
         let layout = lm.model.kv_layout(cfg.num_pages, cfg.page_size);
         let kv = lm.model.backend.alloc_kv_pool(layout).expect("allocating the KV pool at start-up");
         let eos = lm.eos_ids();
-        StepLoop { pool: PagePool::new(cfg.num_pages, cfg.page_size), lm, registry, cfg, kv, waiting: VecDeque::new(), running: vec![], stats, counters: EngineStats::default(), eos }
+        StepLoop { pool: PagePool::new(cfg.num_pages, cfg.page_size), lm, registry, cfg, kv, waiting: VecDeque::new(), running: vec![], stats, counters: EngineStats::default(), eos, recorded: Default::default() }
     }
 
     fn run(mut self, rx: mpsc::Receiver<Command>) {
@@ -275,6 +294,7 @@ impl<B: Backend> StepLoop<B> {
             cached_pages: self.pool.cached_pages(),
             prefix_hit_tokens: self.pool.prefix_hit_tokens,
             prefix_query_tokens: self.pool.prefix_query_tokens,
+            spec_drafter: self.cfg.spec.as_ref().map_or("", |c| c.drafter.name()),
             ..self.counters.clone()
         };
     }
@@ -318,6 +338,7 @@ impl<B: Backend> StepLoop<B> {
         self.counters.aborted += (before - self.running.len() - self.waiting.len()) as u64;
 
         self.admit();
+        self.draft();
         let work = self.plan_work();
         if work.is_empty() {
             if self.running.is_empty() && !self.waiting.is_empty() {
@@ -385,6 +406,30 @@ impl<B: Backend> StepLoop<B> {
         }
     }
 
+    /// Drafts for every speculating sequence that can reach the end of its input this step — a
+    /// decode, or the last chunk of a prefill (fewer where the request is about to end: a draft
+    /// past `max_tokens` or the context could never be kept).
+    fn draft(&mut self) {
+        let Some(cfg) = self.cfg.spec.clone() else { return };
+        let max_ctx = self.lm.model.cfg.max_position_embeddings;
+        let vocab = self.lm.model.cfg.vocab_size;
+        for s in self.running.iter_mut() {
+            s.spec.drafts.clear();
+            if !s.speculates || s.tokens.len() - s.computed > self.cfg.token_budget {
+                continue;
+            }
+            let room = (s.req.max_tokens.saturating_sub(s.generated() + 1)).min(max_ctx.saturating_sub(s.tokens.len() + 1));
+            let k = s.spec.draft_len(&cfg).min(room);
+            s.spec.drafts = match cfg.drafter {
+                spec::DrafterKind::Ngram { min_n, max_n } => spec::ngram_draft(&s.tokens, min_n, max_n, k),
+                spec::DrafterKind::Oracle { acceptance } => match self.recorded.get(&chain_hash(0, &s.tokens[..s.prompt_len])) {
+                    Some(rec) => spec::oracle_draft(rec, s.generated(), acceptance, s.req.seed, s.tokens.len(), vocab, k),
+                    None => vec![],
+                },
+            };
+        }
+    }
+
     fn plan_work(&mut self) -> Vec<Work> {
         let ps = self.cfg.page_size;
         let mut budget = self.cfg.token_budget;
@@ -399,8 +444,12 @@ impl<B: Backend> StepLoop<B> {
                 k += 1;
                 continue;
             };
-            let s = &self.running[i];
-            let n = (s.tokens.len() - s.computed).min(budget);
+            let s = &mut self.running[i];
+            // The end of the input with drafts scores them too, budget permitting; a chunk that
+            // stops short of the end has none.
+            let input = s.tokens.len() - s.computed;
+            s.spec.drafts.truncate(budget.saturating_sub(input));
+            let n = (input + s.spec.drafts.len()).min(budget);
             let need = (s.computed + n).div_ceil(ps).saturating_sub(s.pages.len());
             let mut got = vec![];
             while got.len() < need {
@@ -408,6 +457,12 @@ impl<B: Backend> StepLoop<B> {
                     Some(p) => got.push(p),
                     None => break,
                 }
+            }
+            if got.len() < need && !self.running[i].spec.drafts.is_empty() {
+                // Short of pages: decode without drafts before preempting anyone.
+                self.pool.release_all(&got);
+                self.running[i].spec.drafts.clear();
+                continue;
             }
             if got.len() < need {
                 self.pool.release_all(&got);
@@ -447,14 +502,20 @@ impl<B: Backend> StepLoop<B> {
         let total: usize = work.iter().map(|w| w.n).sum();
         let (mut tokens, mut positions, mut slots) = (Vec::with_capacity(total), Vec::with_capacity(total), Vec::with_capacity(total));
         let mut row_of: Vec<(usize, usize)> = vec![]; // (work index, row) of rows that yield a token
+        let mut spec_of: Vec<(usize, usize)> = vec![]; // (work index, first row) of verify steps
         for (wi, w) in work.iter().enumerate() {
             let s = &self.running[w.seq];
+            let len = s.tokens.len();
             for p in w.start..w.start + w.n {
-                tokens.push(s.tokens[p]);
+                tokens.push(if p < len { s.tokens[p] } else { s.spec.drafts[p - len] });
                 positions.push(p as u32);
                 slots.push(s.pages[p / ps] * ps as u32 + (p % ps) as u32);
             }
-            if w.start + w.n == s.tokens.len() {
+            let drafts = s.spec.drafts.len();
+            if drafts > 0 && w.start + w.n == len + drafts {
+                // Scores for the last token and every draft: rows len-1 ..= len-1+drafts.
+                spec_of.push((wi, tokens.len() - 1 - drafts));
+            } else if w.start + w.n == len {
                 row_of.push((wi, tokens.len() - 1));
             }
         }
@@ -465,7 +526,10 @@ impl<B: Backend> StepLoop<B> {
         let model = &self.lm.model;
         let batch = StepBatch { tokens: &tokens, positions: &positions, slots: &slots, attn: &attn };
         let hidden = model.forward_hidden(&mut self.kv, &batch).map_err(|e| e.to_string())?;
-        let rows: Vec<u32> = row_of.iter().map(|&(_, r)| r as u32).collect();
+        let mut rows: Vec<u32> = row_of.iter().map(|&(_, r)| r as u32).collect();
+        for &(wi, first) in &spec_of {
+            rows.extend((first..=first + self.running[work[wi].seq].spec.drafts.len()).map(|r| r as u32));
+        }
         let logits = if rows.is_empty() {
             None
         } else {
@@ -487,7 +551,7 @@ impl<B: Backend> StepLoop<B> {
         // those rows are fetched before the front end edits the buffer.
         let lp_rows: Vec<usize> = (0..seqs.len()).filter(|&k| self.running[seqs[k]].req.logprobs.is_some()).collect();
         let mut raw = logits.raw_rows(&lp_rows)?;
-        let fronts: Vec<FrontRow> = seqs
+        let mut fronts: Vec<FrontRow> = seqs
             .iter()
             .map(|&si| {
                 let s = &self.running[si];
@@ -497,7 +561,28 @@ impl<B: Backend> StepLoop<B> {
                 row
             })
             .collect();
-        let outs = logits.front(&fronts)?;
+        // Verify steps: a row per position, each edited with the history up to its draft.
+        let spec_jobs: Vec<spec::VerifyJob> = spec_of
+            .iter()
+            .map(|&(wi, _)| {
+                let s = &self.running[work[wi].seq];
+                let first = fronts.len();
+                let greedy = s.req.params.temperature == 0.0;
+                let mut history = s.tokens.clone();
+                for j in 0..=s.spec.drafts.len() {
+                    // Greedy needs the best candidate only; sampling the whole distribution.
+                    let mut row = frontend::front_row(&s.plan, &history, s.generated() + j, if s.req.ignore_eos { &[] } else { &self.eos }, if greedy { 1 } else { 0 });
+                    frontend::clamp_to_vocab(&mut row, vocab);
+                    fronts.push(row);
+                    if let Some(&d) = s.spec.drafts.get(j) {
+                        history.push(d);
+                    }
+                }
+                spec::VerifyJob { si: work[wi].seq, request_id: s.id, drafts: s.spec.drafts.clone(), greedy, seed: s.req.seed, position: s.tokens.len(), first }
+            })
+            .collect();
+        let mut outs = logits.front(&fronts)?;
+        let spec_outs = outs.split_off(seqs.len());
         // Rows whose sampler wants the whole vocabulary (or more than the backend extracts).
         let whole: Vec<usize> = (0..fronts.len()).filter(|&k| fronts[k].k == 0).collect();
         logits.fetch_edited(&whole)?;
@@ -515,13 +600,13 @@ impl<B: Backend> StepLoop<B> {
             let u = uniform(s.req.seed, s.tokens.len() as u64, 0);
             if s.native {
                 let tok = match native::sample_candidates(&s.req.params, &cands, u) {
-                    Decision::Token(t) => Ok(t),
+                    Decision::Token(t) => Ok(vec![t]),
                     _ => logits.fetch_edited(&[k]).and_then(|()| match native::sample_candidates(&s.req.params, &frontend::extract(logits.edited(k), &fronts[k], 0), u) {
-                        Decision::Token(t) => Ok(t),
+                        Decision::Token(t) => Ok(vec![t]),
                         _ => Err("native sampler could not decide".to_string()),
                     }),
                 };
-                picks.push(Pick { si, tok, lp });
+                picks.push(Pick { si, toks: tok, lp, drafted: 0 });
                 continue;
             }
             let seq = Sequence { request_id: s.id, state: s.plan.state.clone(), candidates: cands, uniforms: vec![u], history: s.plan.wants_history.then(|| s.tokens[s.prompt_len..].to_vec()) };
@@ -529,7 +614,14 @@ impl<B: Backend> StepLoop<B> {
                 Some(g) => g.2.push((si, k, seq)),
                 None => groups.push((s.plugin.clone(), s.policy, vec![(si, k, seq)])),
             }
-            picks.push(Pick { si, tok: Err(String::new()), lp }); // placeholder, filled below
+            picks.push(Pick { si, toks: Err(String::new()), lp, drafted: 0 }); // placeholder, filled below
+        }
+        if !spec_jobs.is_empty() {
+            let verdicts = spec::verify(&mut logits, &self.registry, &spec_jobs, &fronts, spec_outs, vocab);
+            for (job, v) in spec_jobs.iter().zip(verdicts) {
+                let toks = v.map(|(n, next)| job.drafts[..n].iter().copied().chain([next]).collect());
+                picks.push(Pick { si: job.si, toks, lp: None, drafted: job.drafts.len() });
+            }
         }
         for (plugin, policy, mut members) in groups {
             for _round in 0..4 {
@@ -543,7 +635,7 @@ impl<B: Backend> StepLoop<B> {
                         let mut again = vec![];
                         for (m, d) in members.into_iter().zip(decisions) {
                             match d {
-                                Decision::Token(t) => set_pick(&mut picks, m.0, Ok(t)),
+                                Decision::Token(t) => set_pick(&mut picks, m.0, Ok(vec![t])),
                                 Decision::MoreCandidates(n) => again.push((m, n as usize)),
                                 Decision::FullVocabulary => again.push((m, 0)),
                             }
@@ -593,58 +685,92 @@ impl<B: Backend> StepLoop<B> {
         let ps = self.cfg.page_size;
         let max_ctx = self.lm.model.cfg.max_position_embeddings;
         let mut finished: Vec<(u64, Option<FinishReason>, Option<String>)> = vec![];
-        for Pick { si, tok: pick, lp } in picks {
+        for Pick { si, toks, mut lp, drafted } in picks {
             let s = &mut self.running[si];
-            let tok = match pick {
+            let toks = match toks {
                 Ok(t) => t,
                 Err(e) => {
                     finished.push((s.id, None, Some(e)));
                     continue;
                 }
             };
-            s.tokens.push(tok);
-            self.counters.generated_tokens += 1;
+            if drafted > 0 {
+                // Keep the KV of the last token and the accepted drafts; drop the rest.
+                let accepted = toks.len() - 1;
+                s.computed -= drafted - accepted;
+                let keep = s.computed.div_ceil(ps);
+                self.pool.release_all(&s.pages[keep..]);
+                s.pages.truncate(keep);
+                if let Some(cfg) = &self.cfg.spec {
+                    s.spec.record(cfg, drafted, accepted);
+                }
+                self.counters.spec_rounds += 1;
+                self.counters.spec_drafted += drafted as u64;
+                self.counters.spec_accepted += accepted as u64;
+            }
+            for tok in toks {
+                self.counters.generated_tokens += 1;
+                if let Some(reason) = Self::append(&self.lm, &self.eos, max_ctx, s, tok, lp.take()) {
+                    finished.push((s.id, Some(reason), None));
+                    break;
+                }
+            }
             // Publish pages whose tokens are all computed (the new token's KV comes next step).
-            while (s.page_hashes.len() + 1) * ps <= s.computed {
+            while (s.page_hashes.len() + 1) * ps <= s.computed.min(s.tokens.len()) {
                 let i = s.page_hashes.len();
                 let parent = if i == 0 { 0 } else { s.page_hashes[i - 1] };
                 let h = chain_hash(parent, &s.tokens[i * ps..(i + 1) * ps]);
                 self.pool.publish(s.pages[i], h);
                 s.page_hashes.push(h);
             }
-            let is_eos = !s.req.ignore_eos && self.eos.contains(&tok);
-            let stop_tok = s.req.stop_token_ids.contains(&tok);
-            let mut reason = None;
-            let mut text = String::new();
-            if is_eos || stop_tok {
-                reason = Some(FinishReason::Stop);
-            } else {
-                let delta = s.detok.step(&self.lm.tokenizer, &s.tokens[s.prompt_len..]);
-                match s.stop.push(&delta) {
-                    StopOutcome::Emit(t) => text = t,
-                    StopOutcome::Stopped(t) => {
-                        text = t;
-                        reason = Some(FinishReason::Stop);
-                    }
+        }
+        self.finish(finished);
+    }
+
+    /// Appends one token to `s` and streams it; the finish reason if `s` stops here.
+    fn append(lm: &LoadedModel<B>, eos: &[u32], max_ctx: usize, s: &mut Seq, tok: u32, lp: Option<(Vec<f32>, Vec<(u32, f64)>)>) -> Option<FinishReason> {
+        s.tokens.push(tok);
+        let is_eos = !s.req.ignore_eos && eos.contains(&tok);
+        let stop_tok = s.req.stop_token_ids.contains(&tok);
+        let mut reason = None;
+        let mut text = String::new();
+        if is_eos || stop_tok {
+            reason = Some(FinishReason::Stop);
+        } else {
+            let delta = s.detok.step(&lm.tokenizer, &s.tokens[s.prompt_len..]);
+            match s.stop.push(&delta) {
+                StopOutcome::Emit(t) => text = t,
+                StopOutcome::Stopped(t) => {
+                    text = t;
+                    reason = Some(FinishReason::Stop);
                 }
             }
-            if reason.is_none() && (s.generated() >= s.req.max_tokens || s.tokens.len() >= max_ctx) {
-                reason = Some(FinishReason::Length);
-            }
-            let (logprob, top_logprobs) = match lp {
-                Some((raw, top)) => (Some(raw[tok as usize] as f64 - logsumexp(&raw)), Some(top)),
-                None => (None, None),
-            };
-            let _ = s.tx.send(Event::Token { id: tok, text, logprob, top_logprobs });
-            if reason.is_some() {
-                finished.push((s.id, reason, None));
-            }
         }
+        if reason.is_none() && (s.generated() >= s.req.max_tokens || s.tokens.len() >= max_ctx) {
+            reason = Some(FinishReason::Length);
+        }
+        let (logprob, top_logprobs) = match lp {
+            Some((raw, top)) => (Some(raw[tok as usize] as f64 - logsumexp(&raw)), Some(top)),
+            None => (None, None),
+        };
+        let _ = s.tx.send(Event::Token { id: tok, text, logprob, top_logprobs });
+        reason
+    }
+
+    /// Removes what stopped (finished or failed) from the running set and frees its pages.
+    fn finish(&mut self, finished: Vec<(u64, Option<FinishReason>, Option<String>)>) {
         for (id, reason, err) in finished {
             let Some(i) = self.running.iter().position(|s| s.id == id) else { continue };
             let mut s = self.running.remove(i);
             match (reason, err) {
                 (Some(r), _) => {
+                    if matches!(self.cfg.spec, Some(SpecConfig { drafter: spec::DrafterKind::Oracle { .. }, .. })) {
+                        // Bounded: a long benchmark forgets its oldest prompts wholesale.
+                        if self.recorded.len() >= 65_536 {
+                            self.recorded.clear();
+                        }
+                        self.recorded.insert(chain_hash(0, &s.tokens[..s.prompt_len]), s.tokens[s.prompt_len..].to_vec());
+                    }
                     let tail = if r == FinishReason::Length { s.stop.flush() } else { String::new() };
                     self.pool.release_all(&s.pages);
                     self.counters.finished += 1;
@@ -661,12 +787,16 @@ impl<B: Backend> StepLoop<B> {
 /// for log-probabilities.
 struct Pick {
     si: usize,
-    tok: Result<u32, String>,
+    /// The tokens to append: one, or after a verify step the accepted drafts and the
+    /// correction or bonus token.
+    toks: Result<Vec<u32>, String>,
     lp: Option<(Vec<f32>, Vec<(u32, f64)>)>,
+    /// Drafts scored this step (their KV entries past the accepted ones are dropped).
+    drafted: usize,
 }
 
-fn set_pick(picks: &mut [Pick], si: usize, v: Result<u32, String>) {
+fn set_pick(picks: &mut [Pick], si: usize, v: Result<Vec<u32>, String>) {
     if let Some(p) = picks.iter_mut().find(|p| p.si == si) {
-        p.tok = v;
+        p.toks = v;
     }
 }

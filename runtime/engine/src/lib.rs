@@ -8,7 +8,9 @@ pub mod engine;
 pub mod frontend;
 pub mod kv_pool;
 pub mod request;
+pub mod spec;
 pub mod step_logits;
 
 pub use engine::{Engine, EngineConfig, EngineStats, SubmitError};
+pub use spec::{DrafterKind, SpecConfig};
 pub use request::{ErrorKind, Event, FinishReason, GenerationRequest};

@@ -2,6 +2,8 @@
 //! single-sequence reference generator token for token, under concurrency, a tiny page pool
 //! that forces preemption, stop strings, prefix caching and aborts; the pool returns to full.
 
+mod common;
+use common::{collect, wait_idle};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,37 +26,6 @@ fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
     GenerationRequest { prompt, params: params(0.0), max_tokens, stop_token_ids: vec![], stop: vec![], ignore_eos: true, seed: 1, sampler: None, logprobs: None, priority: 0, tenant: "t".into() }
 }
 
-fn collect(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Event>) -> (Vec<u32>, String, Option<Event>) {
-    let (mut ids, mut text) = (vec![], String::new());
-    while let Some(e) = rx.blocking_recv() {
-        match e {
-            Event::Token { id, text: t, .. } => {
-                ids.push(id);
-                text.push_str(&t);
-            }
-            fin @ (Event::Finished { .. } | Event::Error { .. }) => {
-                if let Event::Finished { text_tail, .. } = &fin {
-                    text.push_str(text_tail);
-                }
-                return (ids, text, Some(fin));
-            }
-        }
-    }
-    (ids, text, None)
-}
-
-fn wait_idle(engine: &Engine) {
-    let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_secs(20) {
-        let s = engine.stats();
-        if s.running == 0 && s.waiting == 0 {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    panic!("engine did not go idle: {:?}", engine.stats());
-}
-
 fn prompts(lm: &LoadedModel<CpuBackend>) -> Vec<Vec<u32>> {
     ["A wise man", "Love is", "The computer", "Never trust", "You will", "When in doubt", "The quick brown fox jumps over the lazy dog and then", "Q: What is the meaning of life?\nA:"]
         .iter()
@@ -72,7 +43,7 @@ fn batched_greedy_equals_single_sequence_even_with_preemption() {
         .collect();
     let registry = Arc::new(Registry::with_defaults(SandboxLimits::default()).unwrap());
     // 12 pages of 16 tokens: 8 requests of ~50 tokens each cannot all fit -> preemption.
-    for cfg in [EngineConfig { num_pages: 64, page_size: 16, token_budget: 64, max_sequences: 8 }, EngineConfig { num_pages: 12, page_size: 16, token_budget: 32, max_sequences: 8 }] {
+    for cfg in [EngineConfig { num_pages: 64, page_size: 16, token_budget: 64, max_sequences: 8, spec: None }, EngineConfig { num_pages: 12, page_size: 16, token_budget: 32, max_sequences: 8, spec: None }] {
         let engine = Engine::start(demo(), registry.clone(), cfg.clone()).unwrap();
         let mut rxs: Vec<_> = prompts.iter().map(|p| engine.submit(request(p.clone(), 40)).unwrap().1).collect();
         for (i, rx) in rxs.iter_mut().enumerate() {
@@ -113,7 +84,7 @@ fn stop_strings_eos_and_prefix_cache() {
     let long: Vec<u32> = lm.tokenizer.encode(&"All work and no play makes Jack a dull boy. ".repeat(12), true).unwrap();
     let full_ref = generate(&lm.model, &GenerateRequest { prompt_ids: long.clone(), max_tokens: 20, params: NativeParams { temperature: 0.0, ..Default::default() }, logprobs: None, stop_ids: vec![] }).unwrap();
     let ref_text = lm.tokenizer.decode(&full_ref.token_ids, true).unwrap();
-    let engine = Engine::start(lm, registry, EngineConfig { num_pages: 64, page_size: 16, token_budget: 256, max_sequences: 8 }).unwrap();
+    let engine = Engine::start(lm, registry, EngineConfig { num_pages: 64, page_size: 16, token_budget: 256, max_sequences: 8, spec: None }).unwrap();
     // Stop string: pick a fragment of the reference continuation.
     let cut = ref_text.char_indices().nth(ref_text.chars().count() / 2).map(|x| x.0).unwrap_or(0);
     let stop: String = ref_text[cut..].chars().take(3).collect();
@@ -140,7 +111,7 @@ fn aborts_free_pages_and_bad_requests_are_refused() {
     let lm = demo();
     let p = lm.tokenizer.encode("A wise man", true).unwrap();
     let vocab = lm.model.cfg.vocab_size as u32;
-    let engine = Engine::start(lm, registry, EngineConfig { num_pages: 32, page_size: 16, token_budget: 64, max_sequences: 8 }).unwrap();
+    let engine = Engine::start(lm, registry, EngineConfig { num_pages: 32, page_size: 16, token_budget: 64, max_sequences: 8, spec: None }).unwrap();
     for _ in 0..4 {
         let (_, mut rx) = engine.submit(request(p.clone(), 500)).unwrap();
         // Read a couple of tokens, then hang up.

@@ -25,6 +25,7 @@ pub fn engine_json(state: &AppState) -> Value {
         "prefix_cache": {"hit_tokens": s.prefix_hit_tokens, "query_tokens": s.prefix_query_tokens},
         "prompt_tokens": s.prompt_tokens, "generated_tokens": s.generated_tokens, "steps": s.steps,
         "preemptions": s.preemptions, "finished": s.finished, "aborted": s.aborted, "failed": s.failed,
+        "speculative": {"drafter": (!s.spec_drafter.is_empty()).then_some(s.spec_drafter), "verify_steps": s.spec_rounds, "draft_tokens": s.spec_drafted, "accepted_tokens": s.spec_accepted},
     })
 }
 

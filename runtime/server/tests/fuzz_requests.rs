@@ -148,7 +148,7 @@ fn state() -> Arc<AppState> {
     let tokenizer = Arc::new(TextTokenizer::from_dir(&demo).unwrap());
     let defaults = lm.defaults.clone();
     let registry = Arc::new(Registry::with_defaults(Default::default()).unwrap());
-    let engine = Arc::new(Engine::start(lm, registry, EngineConfig { num_pages: 128, page_size: 64, token_budget: 512, max_sequences: 32 }).unwrap());
+    let engine = Arc::new(Engine::start(lm, registry, EngineConfig { num_pages: 128, page_size: 64, token_budget: 512, max_sequences: 32, spec: None }).unwrap());
     Arc::new(AppState::new(engine, tokenizer, defaults, ServerConfig { model_name: "demo".into(), ..Default::default() }))
 }
 

@@ -1,0 +1,160 @@
+//! Speculative decoding on the demo model (CPU): greedy output with prompt-lookup drafts is
+//! token-for-token the output without them — under penalties, min-tokens, stop strings, a tiny
+//! page pool that forces preemption, and fixed or adaptive draft lengths — with drafts actually
+//! accepted and the pool back to full; sampled output keeps the target distribution (a
+//! chi-square test at fixed seeds on the token where a draft was verified).
+
+mod common;
+use common::{collect, wait_idle};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use weft_backend::cpu::CpuBackend;
+use weft_engine::{DrafterKind, Engine, EngineConfig, Event, GenerationRequest, SpecConfig};
+use weft_model::LoadedModel;
+use weft_plugin_host::{Registry, SamplingParams, SandboxLimits};
+
+fn demo() -> LoadedModel<CpuBackend> {
+    LoadedModel::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo"), CpuBackend::new()).unwrap()
+}
+
+fn request(prompt: Vec<u32>, max_tokens: usize, params: SamplingParams, seed: u64) -> GenerationRequest {
+    GenerationRequest { prompt, params, max_tokens, stop_token_ids: vec![], stop: vec![], ignore_eos: true, seed, sampler: None, logprobs: None, priority: 0, tenant: "t".into() }
+}
+
+fn ngram(k: usize, adaptive: bool) -> Option<SpecConfig> {
+    Some(SpecConfig { drafter: DrafterKind::Ngram { min_n: 1, max_n: 3 }, num_draft_tokens: k, adaptive })
+}
+
+/// Runs every request on a fresh engine and returns (tokens, text, finish) per request.
+fn run(cfg: EngineConfig, reqs: &[GenerationRequest]) -> (Vec<(Vec<u32>, String, String)>, weft_engine::EngineStats) {
+    let registry = Arc::new(Registry::with_defaults(SandboxLimits::default()).unwrap());
+    let engine = Engine::start(demo(), registry, cfg).unwrap();
+    let mut rxs: Vec<_> = reqs.iter().map(|r| engine.submit(r.clone()).unwrap().1).collect();
+    let out = rxs
+        .iter_mut()
+        .map(|rx| {
+            let (ids, text, fin) = collect(rx);
+            (ids, text, format!("{fin:?}").split(',').next().unwrap_or_default().to_string())
+        })
+        .collect();
+    wait_idle(&engine);
+    let stats = engine.stats();
+    assert_eq!(stats.free_pages, stats.total_pages, "pages leaked: {stats:?}");
+    (out, stats)
+}
+
+#[test]
+fn greedy_speculation_is_token_for_token_plain_greedy() {
+    let lm = demo();
+    let texts = [
+        "the cat sat on the mat. the cat sat on the",
+        "A B C D E F A B C D E F A B C",
+        "Love is",
+        "Q: What is the meaning of life?\nA:",
+        "one two three one two three one two",
+    ];
+    let greedy = SamplingParams { temperature: 0.0, ..weft_plugin_host::neutral_params(0) };
+    let mut reqs = vec![];
+    for (i, t) in texts.iter().enumerate() {
+        let p = lm.tokenizer.encode(t, true).unwrap();
+        reqs.push(request(p.clone(), 48, greedy.clone(), i as u64));
+        // Edits that depend on the history up to each draft.
+        reqs.push(request(p.clone(), 40, SamplingParams { repetition_penalty: 1.3, presence_penalty: 0.4, frequency_penalty: 0.2, ..greedy.clone() }, 7));
+        let mut eos = request(p.clone(), 40, SamplingParams { min_tokens: 5, ..greedy.clone() }, 9);
+        eos.ignore_eos = false;
+        eos.stop = vec![".".into()];
+        reqs.push(eos);
+    }
+    let plain = EngineConfig { num_pages: 64, page_size: 16, token_budget: 256, max_sequences: 16, spec: None };
+    let (want, _) = run(plain.clone(), &reqs);
+    for (name, cfg) in [
+        ("fixed 4", EngineConfig { spec: ngram(4, false), ..plain.clone() }),
+        ("adaptive 6", EngineConfig { spec: ngram(6, true), ..plain.clone() }),
+        // 10 pages of 16 tokens for 15 sequences: preemption and draft dropping under pressure.
+        ("tiny pool", EngineConfig { num_pages: 10, token_budget: 48, spec: ngram(5, false), ..plain.clone() }),
+    ] {
+        let (got, stats) = run(cfg, &reqs);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g, w, "{name}: request {i} differs from plain greedy");
+        }
+        assert!(stats.spec_rounds > 0 && stats.spec_accepted > 0, "{name}: no draft was accepted: {stats:?}");
+        eprintln!(
+            "{name}: {} verify steps, {} drafts, {} accepted ({:.0}%), {:.2} tokens per verify step, {} steps in all",
+            stats.spec_rounds,
+            stats.spec_drafted,
+            stats.spec_accepted,
+            100.0 * stats.spec_accepted as f64 / stats.spec_drafted.max(1) as f64,
+            (stats.spec_accepted + stats.spec_rounds) as f64 / stats.spec_rounds as f64,
+            stats.steps
+        );
+    }
+}
+
+#[test]
+fn sampled_speculation_keeps_the_target_distribution() {
+    let lm = demo();
+    let vocab = lm.model.cfg.vocab_size;
+    // Ends with a token seen before, so prompt lookup drafts at the first generated position.
+    let prompt = lm.tokenizer.encode("one two three one two three one two", true).unwrap();
+    let draft = weft_engine::spec::ngram_draft(&prompt, 1, 3, 1)[0];
+    // The model's whole distribution at the first position (raw: temperature 1, no edits).
+    let registry = Arc::new(Registry::with_defaults(SandboxLimits::default()).unwrap());
+    let engine = Engine::start(demo(), registry, EngineConfig { num_pages: 256, page_size: 16, token_budget: 1024, max_sequences: 64, spec: None }).unwrap();
+    let temp = SamplingParams { temperature: 1.0, ..weft_plugin_host::neutral_params(0) };
+    let mut r = request(prompt.clone(), 1, temp.clone(), 0);
+    r.logprobs = Some(vocab);
+    let (_, mut rx) = engine.submit(r).unwrap();
+    let all: Vec<(u32, f64)> = loop {
+        match rx.blocking_recv().expect("an event") {
+            Event::Token { top_logprobs, .. } => break top_logprobs.expect("log-probabilities"),
+            e => panic!("{e:?}"),
+        }
+    };
+    drop(engine);
+    // A logit bias (a front-end edit, so part of the target) gives the draft probability ~0.4:
+    // both the acceptance and the rejection path of the verifier are exercised.
+    let p_d = all.iter().find(|t| t.0 == draft).unwrap().1.exp();
+    let bias = ((0.4 / 0.6) * (1.0 - p_d) / p_d).ln();
+    let params = SamplingParams { logit_bias: vec![(draft, bias as f32)], ..temp };
+    let mut p = vec![0.0f64; vocab];
+    for &(t, lp) in &all {
+        p[t as usize] = lp.exp() * if t == draft { bias.exp() } else { 1.0 };
+    }
+    let z: f64 = p.iter().sum();
+    p.iter_mut().for_each(|q| *q /= z);
+    // 3000 samples of the first token, each request with its own seed; max_tokens 2 leaves room
+    // for one draft, verified in the prefill's pass.
+    const N: usize = 3000;
+    let reqs: Vec<_> = (0..N as u64).map(|s| request(prompt.clone(), 2, params.clone(), 1000 + s)).collect();
+    let cfg = EngineConfig { num_pages: 512, page_size: 16, token_budget: 2048, max_sequences: 64, spec: ngram(1, false) };
+    let (got, stats) = run(cfg, &reqs);
+    assert!(stats.spec_drafted as usize >= N, "every request should have verified a draft at its first token: {stats:?}");
+    let mut counts = vec![0usize; vocab];
+    for (ids, _, _) in &got {
+        counts[ids[0] as usize] += 1;
+    }
+    // Chi-square over tokens with an expected count of at least 5, the rest merged into one bin.
+    let (mut chi2, mut df, mut rest_obs, mut rest_exp) = (0.0, 0usize, 0.0, 0.0);
+    for (o, q) in counts.iter().zip(&p) {
+        let e = q * N as f64;
+        if e >= 5.0 {
+            chi2 += (*o as f64 - e).powi(2) / e;
+            df += 1;
+        } else {
+            rest_obs += *o as f64;
+            rest_exp += e;
+        }
+    }
+    if rest_exp >= 1.0 {
+        chi2 += (rest_obs - rest_exp).powi(2) / rest_exp;
+        df += 1;
+    }
+    let accepted = stats.spec_accepted as f64 / stats.spec_drafted as f64;
+    eprintln!("chi-square {chi2:.1} over {df} bins; draft {draft} target p {:.3}, observed {:.3}; {:.0}% of drafts accepted", p[draft as usize], counts[draft as usize] as f64 / N as f64, 100.0 * accepted);
+    // The 99.9th percentile of chi-square with df - 1 degrees of freedom (Wilson-Hilferty).
+    let k = (df - 1) as f64;
+    let limit = k * (1.0 - 2.0 / (9.0 * k) + 3.09 * (2.0 / (9.0 * k)).sqrt()).powi(3);
+    assert!(chi2 < limit, "speculative samples do not follow the target distribution: chi2 {chi2:.1} over {df} bins (limit {limit:.1})");
+    assert!((0.25..0.55).contains(&accepted), "the draft (p ~0.4) should be accepted about that often: {accepted}");
+}
