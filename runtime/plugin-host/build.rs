@@ -12,8 +12,18 @@ fn main() {
     for p in ["plugins", "wit", "examples/custom-sampler"] {
         println!("cargo:rerun-if-changed={}", root.join(p).display());
     }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut cmd = Command::new(cargo);
+    println!("cargo:rerun-if-env-changed=WEFT_GUEST_TOOLCHAIN");
+    // WEFT_GUEST_TOOLCHAIN=stable builds the guests with that rustup toolchain instead of the
+    // one building the host: cargo-fuzz builds the host with a nightly that may lack the
+    // wasm32-wasip2 target.
+    let mut cmd = match std::env::var("WEFT_GUEST_TOOLCHAIN") {
+        Ok(t) if !t.is_empty() => {
+            let mut c = Command::new("cargo");
+            c.arg(format!("+{t}")).env_remove("RUSTUP_TOOLCHAIN").env_remove("RUSTC").env_remove("RUSTDOC");
+            c
+        }
+        _ => Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())),
+    };
     cmd.current_dir(&plugins)
         .args(["build", "--release", "--target", "wasm32-wasip2", "--target-dir"])
         .arg(&target_dir);

@@ -41,6 +41,12 @@ pub struct BenchServeArgs {
     /// Prompt token ids are drawn uniformly from [100, vocab-size).
     #[arg(long, default_value_t = 2000)]
     vocab_size: u32,
+    /// `random` token prompts (the common harness), or `repeat`: a random block of
+    /// --repeat-block tokens repeated to the input length (where prompt-lookup drafting helps).
+    #[arg(long, default_value = "random")]
+    prompt_style: String,
+    #[arg(long, default_value_t = 32)]
+    repeat_block: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Sampling temperature of every request (0 = greedy, what vLLM's and SGLang's benchmark
@@ -56,6 +62,12 @@ pub struct BenchServeArgs {
     /// Also write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Also draw the latency-vs-throughput chart of the sweep as a PNG here.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Legend label of this sweep in JSON and plots (default: the model name).
+    #[arg(long)]
+    label: Option<String>,
 }
 
 struct Record {
@@ -151,7 +163,9 @@ fn run_level(a: &BenchServeArgs, model: &str, c: usize) -> Value {
     let mut rng = a.seed ^ (c as u64) << 32;
     let bodies: Vec<Value> = (0..n)
         .map(|_| {
-            let ids: Vec<u32> = (0..a.input_len).map(|_| 100 + (splitmix(&mut rng) % (a.vocab_size.max(101) as u64 - 100)) as u32).collect();
+            let block = if a.prompt_style == "repeat" { a.repeat_block.clamp(1, a.input_len) } else { a.input_len };
+            let fresh: Vec<u32> = (0..block).map(|_| 100 + (splitmix(&mut rng) % (a.vocab_size.max(101) as u64 - 100)) as u32).collect();
+            let ids: Vec<u32> = fresh.iter().copied().cycle().take(a.input_len).collect();
             json!({"model": model, "prompt": ids, "max_tokens": a.output_len, "stream": true, "stream_options": {"include_usage": true}, "ignore_eos": true, "temperature": a.temperature, "seed": splitmix(&mut rng) >> 1})
         })
         .collect();
@@ -240,6 +254,18 @@ fn progress(c: usize, done: usize, n: usize, secs: f64) {
     }
 }
 
+/// A weft server's speculative counters from /metrics: (drafter, verify steps, drafts,
+/// accepted). None for other servers or when speculation is off.
+fn spec_counters(agent: &ureq::Agent, url: &str) -> Option<(String, f64, f64, f64)> {
+    let text = agent.get(&format!("{}/metrics", url.trim_end_matches('/'))).timeout(Duration::from_secs(5)).call().ok()?.into_string().ok()?;
+    let counter = |event: &str| -> Option<f64> {
+        let key = format!("weft_engine_events_total{{event=\"{event}\"}} ");
+        text.lines().find_map(|l| l.strip_prefix(key.as_str())).and_then(|v| v.trim().parse().ok())
+    };
+    let drafter = text.lines().find_map(|l| l.strip_prefix("weft_speculative{drafter=\"")).and_then(|r| r.split('"').next())?.to_string();
+    Some((drafter, counter("spec_verify_steps")?, counter("spec_draft_tokens")?, counter("spec_accepted_tokens")?))
+}
+
 fn f(v: &Value) -> String {
     v.as_f64().map_or("-".into(), |x| if x >= 100.0 { format!("{x:.0}") } else { format!("{x:.1}") })
 }
@@ -247,6 +273,9 @@ fn f(v: &Value) -> String {
 pub fn run(a: BenchServeArgs) -> Result<()> {
     if a.concurrency.iter().any(|&c| c == 0) || a.input_len == 0 || a.output_len == 0 {
         bail!("--concurrency, --input-len and --output-len must be at least 1");
+    }
+    if a.prompt_style != "random" && a.prompt_style != "repeat" {
+        bail!("--prompt-style is `random` or `repeat`");
     }
     if a.request_rate.is_some_and(|r| !(r > 0.0 && r.is_finite())) {
         bail!("--request-rate must be a positive number of requests per second");
@@ -265,7 +294,15 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
     // Each level's row is printed as soon as it finishes (a sweep cut short keeps its rows).
     let mut levels: Vec<Value> = vec![];
     for &c in &a.concurrency {
-        let l = run_level(&a, &model, c);
+        let before = spec_counters(&agent, &a.url);
+        let mut l = run_level(&a, &model, c);
+        // A weft server with speculative decoding: acceptance during this level.
+        if let (Some(b), Some(e)) = (before, spec_counters(&agent, &a.url)) {
+            let (rounds, drafted, accepted) = (e.1 - b.1, e.2 - b.2, e.3 - b.3);
+            if rounds > 0.0 {
+                l["speculative"] = json!({"drafter": e.0, "verify_steps": rounds, "draft_tokens": drafted, "accepted_tokens": accepted, "acceptance_rate": accepted / drafted.max(1.0), "mean_accepted_length": (accepted + rounds) / rounds});
+            }
+        }
         println!(
             "| {} | {} | {} | {:.2} | {} | {} | {} | {} / {} / {} | {} / {} / {} | {} / {} | {} / {} |",
             l["concurrency"], l["completed"], l["failed"], l["request_throughput"].as_f64().unwrap_or(0.0), f(&l["output_tokens_per_s"]), f(&l["total_tokens_per_s"]), f(&l["per_stream_decode_tokens_per_s"]),
@@ -273,12 +310,19 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
             f(&l["tpot_ms"]["mean"]), f(&l["tpot_ms"]["median"]), f(&l["tpot_ms"]["p99"]),
             f(&l["itl_ms"]["median"]), f(&l["itl_ms"]["p99"]), f(&l["e2e_ms"]["median"]), f(&l["e2e_ms"]["p99"]),
         );
+        if let Some(sp) = l.get("speculative") {
+            println!("|   | speculative ({}): {:.0}% of drafts accepted, {:.2} tokens per verify step |", sp["drafter"].as_str().unwrap_or("?"), 100.0 * sp["acceptance_rate"].as_f64().unwrap_or(0.0), sp["mean_accepted_length"].as_f64().unwrap_or(0.0));
+        }
         let _ = std::io::Write::flush(&mut std::io::stdout());
         levels.push(l);
     }
+    let doc = json!({"url": a.url, "model": model, "label": a.label.as_deref().unwrap_or(&model), "input_len": a.input_len, "output_len": a.output_len, "request_rate": a.request_rate, "temperature": a.temperature, "prompt_style": a.prompt_style, "results": levels});
     if let Some(p) = &a.json {
-        let doc = json!({"url": a.url, "model": model, "input_len": a.input_len, "output_len": a.output_len, "request_rate": a.request_rate, "results": levels});
         std::fs::write(p, serde_json::to_string_pretty(&doc)?).with_context(|| format!("writing {}", p.display()))?;
+    }
+    if let Some(p) = &a.plot {
+        crate::plot::draw(&[crate::plot::Series::from_doc(&doc, &model)?], &crate::plot::title_of(&doc), p)?;
+        eprintln!("wrote {}", p.display());
     }
     Ok(())
 }

@@ -3,6 +3,7 @@
 mod backend;
 mod bench;
 mod generate;
+mod plot;
 mod plugin;
 mod serve;
 
@@ -33,6 +34,8 @@ enum Command {
 enum BenchCmd {
     /// Load-test a running server: TTFT, TPOT, ITL, e2e percentiles and tokens/s per concurrency.
     Serve(bench::BenchServeArgs),
+    /// Draw the latency-vs-throughput chart (PNG) of `bench serve --json` results.
+    Plot(plot::BenchPlotArgs),
 }
 
 /// The demo checkpoint shipped in the repository, used when no `--model` is given.
@@ -53,6 +56,7 @@ fn main() {
         Command::Serve(a) => serve::run(a),
         Command::Plugin(a) => plugin::run(a),
         Command::Bench(BenchCmd::Serve(a)) => bench::run(a),
+        Command::Bench(BenchCmd::Plot(a)) => plot::run(a),
         Command::Generate(a) => generate::run(a),
     };
     if let Err(e) = res {

@@ -8,7 +8,7 @@ use crate::body;
 use crate::error::ApiError;
 use crate::state::AppState;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
@@ -59,6 +59,12 @@ fn plugin_error(e: PluginError) -> ApiError {
     ApiError::new(status, e.to_string())
 }
 
+/// A path or query that axum could not decode (bad percent-encoding, a non-boolean `default`)
+/// as a JSON 400 like every other error, not axum's plain-text rejection.
+fn extracted<T>(r: Result<T, impl std::fmt::Display>, what: &str) -> Result<T, ApiError> {
+    r.map_err(|e| ApiError::bad_request(format!("{what}: {e}")))
+}
+
 fn kind(s: &str) -> Result<PluginKind, ApiError> {
     PluginKind::parse(s).ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("unknown plugin kind {s:?}: sampler, verifier or admission")))
 }
@@ -85,8 +91,9 @@ struct LoadOptions {
 
 /// `POST /admin/plugins`: a JSON body `{"path", "sha256", "options", "default"}`, or the
 /// component bytes (any other content type) with `?sha256=&options=&default=` in the query.
-async fn load(State(state): State<Arc<AppState>>, Query(q): Query<LoadOptions>, headers: axum::http::HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+async fn load(State(state): State<Arc<AppState>>, q: Result<Query<LoadOptions>, QueryRejection>, headers: axum::http::HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
     let res = async {
+        let Query(q) = extracted(q, "the query string")?;
         let bytes = body::bytes(body, state.cfg.max_plugin_bytes)?;
         let is_json = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|c| c.starts_with("application/json"));
         let (o, wasm) = if is_json {
@@ -135,8 +142,9 @@ struct VersionBody {
     version: String,
 }
 
-async fn activate(State(state): State<Arc<AppState>>, Path((k, name)): Path<(String, String)>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn activate(State(state): State<Arc<AppState>>, path: Result<Path<(String, String)>, PathRejection>, body: Result<Bytes, BytesRejection>) -> Response {
     let res = (|| {
+        let Path((k, name)) = extracted(path, "the path")?;
         let b: VersionBody = body::json(&body::bytes(body, state.cfg.max_body_bytes)?)?;
         let k = kind(&k)?;
         state.engine.registry().activate(k, &name, &b.version).map_err(plugin_error)?;
@@ -145,8 +153,9 @@ async fn activate(State(state): State<Arc<AppState>>, Path((k, name)): Path<(Str
     res.map(IntoResponse::into_response).unwrap_or_else(|e| e.into_response())
 }
 
-async fn rollback(State(state): State<Arc<AppState>>, Path((k, name)): Path<(String, String)>) -> Response {
+async fn rollback(State(state): State<Arc<AppState>>, path: Result<Path<(String, String)>, PathRejection>) -> Response {
     let res = (|| {
+        let Path((k, name)) = extracted(path, "the path")?;
         let k = kind(&k)?;
         let v = state.engine.registry().rollback(k, &name).map_err(plugin_error)?;
         Ok::<_, ApiError>(Json(json!({"kind": k.as_str(), "name": name, "active": v})))
@@ -154,8 +163,9 @@ async fn rollback(State(state): State<Arc<AppState>>, Path((k, name)): Path<(Str
     res.map(IntoResponse::into_response).unwrap_or_else(|e| e.into_response())
 }
 
-async fn set_default(State(state): State<Arc<AppState>>, Path((k, name)): Path<(String, String)>) -> Response {
+async fn set_default(State(state): State<Arc<AppState>>, path: Result<Path<(String, String)>, PathRejection>) -> Response {
     let res = (|| {
+        let Path((k, name)) = extracted(path, "the path")?;
         let k = kind(&k)?;
         state.engine.registry().set_default(k, &name).map_err(plugin_error)?;
         Ok::<_, ApiError>(Json(json!({"kind": k.as_str(), "default": name})))
@@ -168,8 +178,9 @@ struct PolicyBody {
     policy: String,
 }
 
-async fn set_policy(State(state): State<Arc<AppState>>, Path((k, name)): Path<(String, String)>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn set_policy(State(state): State<Arc<AppState>>, path: Result<Path<(String, String)>, PathRejection>, body: Result<Bytes, BytesRejection>) -> Response {
     let res = (|| {
+        let Path((k, name)) = extracted(path, "the path")?;
         let b: PolicyBody = body::json(&body::bytes(body, state.cfg.max_body_bytes)?)?;
         let p = FailurePolicy::parse(&b.policy).ok_or_else(|| ApiError::param("policy", format!("`policy` is {:?}; it must be fallback, fail or reload", b.policy)))?;
         let k = kind(&k)?;
@@ -179,8 +190,9 @@ async fn set_policy(State(state): State<Arc<AppState>>, Path((k, name)): Path<(S
     res.map(IntoResponse::into_response).unwrap_or_else(|e| e.into_response())
 }
 
-async fn unload(State(state): State<Arc<AppState>>, Path((k, name, version)): Path<(String, String, String)>) -> Response {
+async fn unload(State(state): State<Arc<AppState>>, path: Result<Path<(String, String, String)>, PathRejection>) -> Response {
     let res = (|| {
+        let Path((k, name, version)) = extracted(path, "the path")?;
         let k = kind(&k)?;
         state.engine.registry().unload(k, &name, &version).map_err(plugin_error)?;
         Ok::<_, ApiError>(Json(json!({"kind": k.as_str(), "name": name, "unloaded": version})))

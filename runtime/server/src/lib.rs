@@ -1,6 +1,7 @@
 //! weft's OpenAI-compatible HTTP server. Routes: `POST /v1/completions`,
 //! `POST /v1/chat/completions` (both with SSE streaming), `GET /v1/models`, `GET /health`,
-//! `GET /metrics` (Prometheus), and the operator's `/admin` API. Handlers validate and turn
+//! `GET /metrics` (Prometheus), `GET /openapi.json` (this API's description), and the operator's
+//! `/admin` API. Handlers validate and turn
 //! requests into engine requests; the engine (its own thread) does the work; dropping a
 //! request's event receiver (client gone) aborts it.
 
@@ -12,6 +13,7 @@ pub mod completions;
 pub mod error;
 pub mod logprobs;
 pub mod metrics;
+pub mod openapi;
 pub mod params;
 pub mod protocol;
 pub mod routes;
@@ -39,6 +41,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(routes::models))
         .route("/health", get(routes::health))
         .route("/metrics", get(routes::metrics))
+        .route("/openapi.json", get(openapi::handler))
         .merge(admin::routes(state.clone()))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
