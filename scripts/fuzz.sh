@@ -32,7 +32,7 @@ for t in "${targets[@]}"; do
     echo "== $t ($secs s)" >&2
     rc=0
     (cd fuzz && cargo +nightly fuzz run -s "$sanitizer" "$t" "corpus/$t" -- -max_total_time="$secs" -timeout=30 -rss_limit_mb=4096 -max_len=1048576) > "$log" 2>&1 || rc=$?
-    runs=$(grep -o '#[0-9]*' "$log" | tail -1 | tr -d '#')
+    runs=$(grep -oE 'Done [0-9]+ runs' "$log" | grep -oE '[0-9]+' | tail -1)
     crashes=$(ls fuzz/artifacts/"$t" 2>/dev/null | wc -l)
     summary+=("$t: ${runs:-0} runs, corpus $(ls "$corpus/$t" | wc -l), exit $rc, artifacts $crashes (log $log)")
 done

@@ -73,8 +73,8 @@ pub struct ServeArgs {
     #[arg(long, default_value = "safetensors")]
     load_format: String,
     /// Speculative decoding drafter: `ngram` (prompt lookup), or `oracle` (a benchmark
-    /// instrument: replays an earlier run of the same prompt, each draft right with probability
-    /// --oracle-acceptance). Off when not given.
+    /// instrument: each draft accepted with probability --oracle-acceptance at the real cost of
+    /// verification; its text is not the model's output). Off when not given.
     #[arg(long)]
     speculative: Option<String>,
     /// Drafts per verify step, at most.

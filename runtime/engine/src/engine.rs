@@ -243,8 +243,6 @@ struct StepLoop<B: Backend> {
     stats: Arc<Mutex<EngineStats>>,
     counters: EngineStats,
     eos: Vec<u32>,
-    /// The oracle drafter's recordings: prompt hash → the continuation it produced.
-    recorded: std::collections::HashMap<u64, Vec<u32>>,
 }
 
 struct Work {
@@ -258,7 +256,7 @@ impl<B: Backend> StepLoop<B> {
         let layout = lm.model.kv_layout(cfg.num_pages, cfg.page_size);
         let kv = lm.model.backend.alloc_kv_pool(layout).expect("allocating the KV pool at start-up");
         let eos = lm.eos_ids();
-        StepLoop { pool: PagePool::new(cfg.num_pages, cfg.page_size), lm, registry, cfg, kv, waiting: VecDeque::new(), running: vec![], stats, counters: EngineStats::default(), eos, recorded: Default::default() }
+        StepLoop { pool: PagePool::new(cfg.num_pages, cfg.page_size), lm, registry, cfg, kv, waiting: VecDeque::new(), running: vec![], stats, counters: EngineStats::default(), eos }
     }
 
     fn run(mut self, rx: mpsc::Receiver<Command>) {
@@ -412,7 +410,6 @@ impl<B: Backend> StepLoop<B> {
     fn draft(&mut self) {
         let Some(cfg) = self.cfg.spec.clone() else { return };
         let max_ctx = self.lm.model.cfg.max_position_embeddings;
-        let vocab = self.lm.model.cfg.vocab_size;
         for s in self.running.iter_mut() {
             s.spec.drafts.clear();
             if !s.speculates || s.tokens.len() - s.computed > self.cfg.token_budget {
@@ -422,10 +419,7 @@ impl<B: Backend> StepLoop<B> {
             let k = s.spec.draft_len(&cfg).min(room);
             s.spec.drafts = match cfg.drafter {
                 spec::DrafterKind::Ngram { min_n, max_n } => spec::ngram_draft(&s.tokens, min_n, max_n, k),
-                spec::DrafterKind::Oracle { acceptance } => match self.recorded.get(&chain_hash(0, &s.tokens[..s.prompt_len])) {
-                    Some(rec) => spec::oracle_draft(rec, s.generated(), acceptance, s.req.seed, s.tokens.len(), vocab, k),
-                    None => vec![],
-                },
+                spec::DrafterKind::Oracle { .. } => vec![*s.tokens.last().unwrap_or(&0); k],
             };
         }
     }
@@ -578,7 +572,11 @@ impl<B: Backend> StepLoop<B> {
                         history.push(d);
                     }
                 }
-                spec::VerifyJob { si: work[wi].seq, request_id: s.id, drafts: s.spec.drafts.clone(), greedy, seed: s.req.seed, position: s.tokens.len(), first }
+                let oracle = match self.cfg.spec.as_ref().map(|c| &c.drafter) {
+                    Some(spec::DrafterKind::Oracle { acceptance }) => Some(*acceptance),
+                    _ => None,
+                };
+                spec::VerifyJob { si: work[wi].seq, request_id: s.id, drafts: s.spec.drafts.clone(), greedy, seed: s.req.seed, position: s.tokens.len(), first, oracle }
             })
             .collect();
         let mut outs = logits.front(&fronts)?;
@@ -764,13 +762,6 @@ impl<B: Backend> StepLoop<B> {
             let mut s = self.running.remove(i);
             match (reason, err) {
                 (Some(r), _) => {
-                    if matches!(self.cfg.spec, Some(SpecConfig { drafter: spec::DrafterKind::Oracle { .. }, .. })) {
-                        // Bounded: a long benchmark forgets its oldest prompts wholesale.
-                        if self.recorded.len() >= 65_536 {
-                            self.recorded.clear();
-                        }
-                        self.recorded.insert(chain_hash(0, &s.tokens[..s.prompt_len]), s.tokens[s.prompt_len..].to_vec());
-                    }
                     let tail = if r == FinishReason::Length { s.stop.flush() } else { String::new() };
                     self.pool.release_all(&s.pages);
                     self.counters.finished += 1;

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# On the GPU machine (binaries from scripts/gpu/build_device.sh in .device/): speculative
+# decoding on CUDA. STEPS (default "equal off ngram oracle"):
+#   equal  — greedy output with and without speculation, demo model and Moonlight dummy, compared
+#            token for token over the HTTP API (the CPU tests check the same on the CPU backend);
+#   off    — Moonlight-shaped dummy (bf16), no speculation, random and repeated-block prompts;
+#   ngram  — the same with prompt lookup (--speculative ngram, adaptive, 4 drafts);
+#   oracle — the oracle instrument at acceptance 0.5/0.7/0.9 (4 drafts, fixed length): real
+#            verify passes with synthetic verdicts, the speed of a drafter of that acceptance.
+# Every bench: --input-len $IN (1024) --output-len $OUTLEN (256) --concurrency $CONC (1,8,32),
+# one wave per slot (at least 4 requests), greedy. Logs and JSON go to $OUT.
+set -uo pipefail
+OUT=${OUT:-.device/out}; mkdir -p "$OUT"
+STEPS=${STEPS:-equal off ngram oracle}
+IN=${IN:-1024}; OUTLEN=${OUTLEN:-256}; CONC=${CONC:-1,8,32}
+export WEFT_DEMO_MODEL=$PWD/models/demo
+MOON=models/dummy/moonlight-16b-a3b
+
+start() { # port log model-args... ; sets PID
+    local port=$1 log=$2; shift 2
+    .device/weft serve --backend cuda --port "$port" --kv-memory-fraction 0.8 --max-sequences 128 --token-budget 2048 "$@" > "$log" 2>&1 &
+    PID=$!
+    for _ in $(seq 1 240); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && return 0; sleep 0.5; done
+    echo "server on $port did not come up:"; tail -5 "$log"; return 1
+}
+stop() { kill -TERM "$PID"; while kill -0 "$PID" 2>/dev/null; do sleep 0.2; done; }
+bench() { # port name extra-bench-args...
+    local port=$1 name=$2; shift 2
+    echo "### $name"
+    echo "command: weft bench serve --input-len $IN --output-len $OUTLEN --concurrency $CONC --waves 1 --vocab-size 160000 $*"
+    timeout 300 .device/weft bench serve --url "http://127.0.0.1:$port" --input-len "$IN" --output-len "$OUTLEN" --concurrency "$CONC" --waves 1 --vocab-size 160000 --label "$name" --json "$OUT/spec-$name.json" "$@" 2>/dev/null
+}
+
+if [[ " $STEPS " == *" equal "* ]]; then
+echo "== greedy with and without speculation (CUDA)"
+for model in demo moon; do
+    args=(); [ $model = moon ] && args=(--model $MOON --load-format dummy)
+    for mode in off ngram; do
+        sargs=(); [ $mode = ngram ] && sargs=(--speculative ngram --num-draft-tokens 4)
+        start 8020 "$OUT/equal-$model-$mode.log" "${args[@]}" "${sargs[@]}" || continue
+        python3 - "$model" "$mode" "$OUT" <<'EOF'
+import json, sys, urllib.request, random
+model, mode, out = sys.argv[1:]
+rng = random.Random(7)
+prompts = ["one two three one two three one two", "Love is", "The quick brown fox jumps over the lazy dog. The quick brown fox", "Q: What is the meaning of life?\nA:"]
+if model == "moon":
+    block = [rng.randrange(100, 160000) for _ in range(16)]
+    prompts = [block * 4, [rng.randrange(100, 160000) for _ in range(64)], block * 2 + [5, 6, 7]]
+res = []
+for p in prompts:
+    body = json.dumps({"prompt": p, "max_tokens": 128, "temperature": 0, "ignore_eos": True, "logprobs": None}).encode()
+    req = urllib.request.Request("http://127.0.0.1:8020/v1/completions", body, {"Content-Type": "application/json"})
+    d = json.load(urllib.request.urlopen(req, timeout=300))
+    res.append(d["choices"][0]["text"])
+json.dump(res, open(f"{out}/equal-{model}-{mode}.json", "w"))
+EOF
+        curl -s http://127.0.0.1:8020/health | python3 -c 'import json,sys; print("  ", sys.argv[1], json.load(sys.stdin)["engine"]["speculative"])' "$model-$mode"
+        stop
+    done
+    python3 - "$model" "$OUT" <<'EOF'
+import json, sys
+model, out = sys.argv[1:]
+a, b = (json.load(open(f"{out}/equal-{model}-{m}.json")) for m in ("off", "ngram"))
+for i, (x, y) in enumerate(zip(a, b)):
+    same = next((j for j, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+    print(f"{model} prompt {i}: {'identical' if x == y else f'differs at character {same} of {len(x)}'}")
+EOF
+done 2>&1 | tee "$OUT/spec-equal.txt"
+fi
+
+if [[ " $STEPS " == *" off "* ]]; then
+echo "== Moonlight dummy, no speculation"
+start 8021 "$OUT/serve-off.log" --model $MOON --load-format dummy && {
+    bench 8021 off-random
+    bench 8021 off-repeat --prompt-style repeat --repeat-block 32
+    stop; } 2>&1 | tee "$OUT/spec-off.md"
+fi
+
+if [[ " $STEPS " == *" ngram "* ]]; then
+echo "== Moonlight dummy, prompt lookup"
+start 8022 "$OUT/serve-ngram.log" --model $MOON --load-format dummy --speculative ngram --num-draft-tokens 4 && {
+    bench 8022 ngram-random
+    bench 8022 ngram-repeat --prompt-style repeat --repeat-block 32
+    stop; } 2>&1 | tee "$OUT/spec-ngram.md"
+fi
+
+if [[ " $STEPS " == *" oracle "* ]]; then
+for a in 0.5 0.7 0.9; do
+    echo "== Moonlight dummy, oracle instrument, acceptance $a"
+    start 8023 "$OUT/serve-oracle-$a.log" --model $MOON --load-format dummy --speculative oracle --oracle-acceptance "$a" --num-draft-tokens 4 --fixed-draft-length && {
+        bench 8023 "oracle-$a"
+        stop; } 2>&1 | tee "$OUT/spec-oracle-$a.md"
+done
+fi
