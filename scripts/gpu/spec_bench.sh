@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine (binaries from scripts/gpu/build_device.sh in .device/): speculative
 # decoding on CUDA. STEPS (default "equal off ngram oracle"):
-#   equal  — greedy output with and without speculation, demo model and Moonlight dummy, compared
+#   equal  — greedy output with and without speculation (prompt lookup; on the demo model also
+#            its draft model), demo model and Moonlight dummy, compared
 #            token for token over the HTTP API (the CPU tests check the same on the CPU backend);
 #   off    — Moonlight-shaped dummy (bf16), no speculation, random and repeated-block prompts;
 #   ngram  — the same with prompt lookup (--speculative ngram, adaptive, 4 drafts);
@@ -35,8 +36,10 @@ if [[ " $STEPS " == *" equal "* ]]; then
 echo "== greedy with and without speculation (CUDA)"
 for model in demo moon; do
     args=(); [ $model = moon ] && args=(--model $MOON --load-format dummy)
-    for mode in off ngram; do
+    modes="off ngram"; [ $model = demo ] && modes="off ngram draft"
+    for mode in $modes; do
         sargs=(); [ $mode = ngram ] && sargs=(--speculative ngram --num-draft-tokens 4)
+        [ $mode = draft ] && sargs=(--speculative draft-model --draft-model models/demo-draft --num-draft-tokens 4)
         start 8020 "$OUT/equal-$model-$mode.log" "${args[@]}" "${sargs[@]}" || continue
         python3 - "$model" "$mode" "$OUT" <<'EOF'
 import json, sys, urllib.request, random
@@ -60,10 +63,15 @@ EOF
     python3 - "$model" "$OUT" <<'EOF'
 import json, sys
 model, out = sys.argv[1:]
-a, b = (json.load(open(f"{out}/equal-{model}-{m}.json")) for m in ("off", "ngram"))
-for i, (x, y) in enumerate(zip(a, b)):
-    same = next((j for j, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
-    print(f"{model} prompt {i}: {'identical' if x == y else f'differs at character {same} of {len(x)}'}")
+import os
+a = json.load(open(f"{out}/equal-{model}-off.json"))
+for m in ("ngram", "draft"):
+    if not os.path.exists(f"{out}/equal-{model}-{m}.json"):
+        continue
+    b = json.load(open(f"{out}/equal-{model}-{m}.json"))
+    for i, (x, y) in enumerate(zip(a, b)):
+        same = next((j for j, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+        print(f"{model} {m} prompt {i}: {'identical' if x == y else f'differs at character {same} of {len(x)}'}")
 EOF
 done 2>&1 | tee "$OUT/spec-equal.txt"
 fi

@@ -72,7 +72,8 @@ pub struct ServeArgs {
     /// shapes, for benchmarks; the tokenizer comes from the demo model when DIR has none).
     #[arg(long, default_value = "safetensors")]
     load_format: String,
-    /// Speculative decoding drafter: `ngram` (prompt lookup), or `oracle` (a benchmark
+    /// Speculative decoding drafter: `ngram` (prompt lookup), `draft-model` (--draft-model DIR, a
+    /// small model with the same vocabulary), or `oracle` (a benchmark
     /// instrument: each draft accepted with probability --oracle-acceptance at the real cost of
     /// verification; its text is not the model's output). Off when not given.
     #[arg(long)]
@@ -89,6 +90,10 @@ pub struct ServeArgs {
     /// while acceptance stays low).
     #[arg(long)]
     fixed_draft_length: bool,
+    /// The draft model's checkpoint directory (with --load-format dummy: its config, weights
+    /// synthesized).
+    #[arg(long)]
+    draft_model: Option<PathBuf>,
     /// The oracle's per-draft acceptance probability.
     #[arg(long, default_value_t = 0.7)]
     oracle_acceptance: f64,
@@ -97,13 +102,18 @@ pub struct ServeArgs {
 pub fn run(a: ServeArgs) -> Result<()> {
     let chosen = crate::backend::choose(&a.backend, &a.device)?;
     let what = chosen.describe();
+    // A draft model gets a backend of its own on the same device.
+    let device = a.device.clone();
     match chosen {
-        Chosen::Cpu(b) => run_on(a, b, what),
-        Chosen::Cuda(b) => run_on(a, b, what),
+        Chosen::Cpu(b) => run_on(a, b, what, || Ok(weft_backend::cpu::CpuBackend::new())),
+        Chosen::Cuda(b) => run_on(a, b, what, move || match crate::backend::choose("cuda", &device)? {
+            Chosen::Cuda(b) => Ok(b),
+            Chosen::Cpu(_) => unreachable!("choose(\"cuda\") gives CUDA or an error"),
+        }),
     }
 }
 
-fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String) -> Result<()> {
+fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String, second: impl FnOnce() -> Result<B>) -> Result<()> {
     if a.page_size == 0 || a.num_pages == Some(0) || a.token_budget == 0 || a.max_sequences == 0 {
         bail!("--num-pages, --page-size, --token-budget and --max-sequences must all be at least 1");
     }
@@ -155,16 +165,36 @@ fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String) -> Result<()> {
             }
             Some(SpecConfig { drafter: DrafterKind::Ngram { min_n: a.ngram_min, max_n: a.ngram_max }, num_draft_tokens: a.num_draft_tokens, adaptive: !a.fixed_draft_length })
         }
+        Some("draft-model") => {
+            if a.num_draft_tokens == 0 || a.num_draft_tokens > 64 {
+                bail!("--num-draft-tokens must be in 1..=64");
+            }
+            Some(SpecConfig { drafter: DrafterKind::Model, num_draft_tokens: a.num_draft_tokens, adaptive: !a.fixed_draft_length })
+        }
         Some("oracle") => {
             if !(0.0..=1.0).contains(&a.oracle_acceptance) || a.num_draft_tokens == 0 || a.num_draft_tokens > 64 {
                 bail!("--speculative oracle needs --oracle-acceptance in [0, 1] and --num-draft-tokens in 1..=64");
             }
             Some(SpecConfig { drafter: DrafterKind::Oracle { acceptance: a.oracle_acceptance }, num_draft_tokens: a.num_draft_tokens, adaptive: !a.fixed_draft_length })
         }
-        Some(other) => bail!("--speculative {other:?}: the drafters are `ngram` and `oracle` (a benchmark instrument), or `off`"),
+        Some(other) => bail!("--speculative {other:?}: the drafters are `ngram`, `draft-model` and `oracle` (a benchmark instrument), or `off`"),
+    };
+    let draft = match (&spec, &a.draft_model) {
+        (Some(SpecConfig { drafter: DrafterKind::Model, .. }), Some(d)) => {
+            let b = second().context("a backend for the draft model")?;
+            let lm = match a.load_format.as_str() {
+                "dummy" => LoadedModel::open_dummy(d, b, &crate::default_model_dir()),
+                _ => LoadedModel::open(d, b),
+            }
+            .with_context(|| format!("loading the draft model from {}", d.display()))?;
+            Some(lm)
+        }
+        (Some(SpecConfig { drafter: DrafterKind::Model, .. }), None) => bail!("--speculative draft-model needs --draft-model DIR"),
+        (_, Some(_)) => bail!("--draft-model is only used with --speculative draft-model"),
+        _ => None,
     };
     let cfg = EngineConfig { num_pages, page_size: a.page_size, token_budget: a.token_budget, max_sequences: a.max_sequences, spec };
-    let engine = Arc::new(Engine::start(lm, registry, cfg)?);
+    let engine = Arc::new(Engine::start_with_draft(lm, draft, registry, cfg)?);
     let server_cfg = ServerConfig { model_name: name.clone(), max_body_bytes: a.max_body_bytes, admin_token: a.admin_token.clone().filter(|t| !t.is_empty()), ..Default::default() };
     let admin = if server_cfg.admin_token.is_some() { "on" } else { "off (set --admin-token)" };
     let state = Arc::new(AppState::new(engine.clone(), tokenizer, defaults, server_cfg));

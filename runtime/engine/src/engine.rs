@@ -6,6 +6,7 @@
 //! for prefix reuse and finish what stopped.
 
 use crate::detok::{Detokenizer, StopMatcher, StopOutcome};
+use crate::draft_model::{DraftModel, DraftRequest};
 use crate::frontend;
 use crate::kv_pool::{chain_hash, PagePool};
 use crate::request::{ErrorKind, Event, FinishReason, GenerationRequest};
@@ -126,6 +127,21 @@ pub struct Engine {
 
 impl Engine {
     pub fn start<B: Backend>(model: LoadedModel<B>, registry: Arc<Registry>, cfg: EngineConfig) -> Result<Engine, PluginError> {
+        Self::start_with_draft(model, None, registry, cfg)
+    }
+
+    /// [`Engine::start`] with a draft model for `DrafterKind::Model` (same vocabulary as the
+    /// target; its KV pool gets as many pages as the target's).
+    pub fn start_with_draft<B: Backend>(model: LoadedModel<B>, draft: Option<LoadedModel<B>>, registry: Arc<Registry>, cfg: EngineConfig) -> Result<Engine, PluginError> {
+        let wants = matches!(cfg.spec, Some(SpecConfig { drafter: spec::DrafterKind::Model, .. }));
+        match &draft {
+            Some(d) if d.model.cfg.vocab_size != model.model.cfg.vocab_size => {
+                return Err(PluginError::Host(format!("the draft model's vocabulary ({}) differs from the target's ({})", d.model.cfg.vocab_size, model.model.cfg.vocab_size)));
+            }
+            Some(_) if !wants => return Err(PluginError::Host("a draft model was given but the drafter is not `draft-model`".into())),
+            None if wants => return Err(PluginError::Host("the `draft-model` drafter needs a draft model".into())),
+            _ => {}
+        }
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(Mutex::new(EngineStats { total_pages: cfg.num_pages, free_pages: cfg.num_pages, spec_drafter: cfg.spec.as_ref().map_or("", |c| c.drafter.name()), ..Default::default() }));
         let vocab = model.model.cfg.vocab_size;
@@ -136,7 +152,7 @@ impl Engine {
         let (s2, r2) = (stats.clone(), registry.clone());
         let handle = std::thread::Builder::new()
             .name("weft-step-loop".into())
-            .spawn(move || StepLoop::new(model, r2, cfg, s2).run(rx))
+            .spawn(move || StepLoop::new(model, draft, r2, cfg, s2).run(rx))
             .map_err(|e| PluginError::Host(format!("step loop thread: {e}")))?;
         Ok(Engine { tx, stats, next_id: AtomicU64::new(1), registry, vocab, max_context, eos, speculative, start, handle: Mutex::new(Some(handle)) })
     }
@@ -243,6 +259,7 @@ struct StepLoop<B: Backend> {
     stats: Arc<Mutex<EngineStats>>,
     counters: EngineStats,
     eos: Vec<u32>,
+    draft_model: Option<DraftModel<B>>,
 }
 
 struct Work {
@@ -252,11 +269,12 @@ struct Work {
 }
 
 impl<B: Backend> StepLoop<B> {
-    fn new(lm: LoadedModel<B>, registry: Arc<Registry>, cfg: EngineConfig, stats: Arc<Mutex<EngineStats>>) -> Self {
+    fn new(lm: LoadedModel<B>, draft: Option<LoadedModel<B>>, registry: Arc<Registry>, cfg: EngineConfig, stats: Arc<Mutex<EngineStats>>) -> Self {
         let layout = lm.model.kv_layout(cfg.num_pages, cfg.page_size);
         let kv = lm.model.backend.alloc_kv_pool(layout).expect("allocating the KV pool at start-up");
         let eos = lm.eos_ids();
-        StepLoop { pool: PagePool::new(cfg.num_pages, cfg.page_size), lm, registry, cfg, kv, waiting: VecDeque::new(), running: vec![], stats, counters: EngineStats::default(), eos }
+        let draft_model = draft.map(|d| DraftModel::new(d, cfg.num_pages, cfg.page_size).expect("allocating the draft model's KV pool at start-up"));
+        StepLoop { pool: PagePool::new(cfg.num_pages, cfg.page_size), lm, registry, cfg, kv, waiting: VecDeque::new(), running: vec![], stats, counters: EngineStats::default(), eos, draft_model }
     }
 
     fn run(mut self, rx: mpsc::Receiver<Command>) {
@@ -410,7 +428,8 @@ impl<B: Backend> StepLoop<B> {
     fn draft(&mut self) {
         let Some(cfg) = self.cfg.spec.clone() else { return };
         let max_ctx = self.lm.model.cfg.max_position_embeddings;
-        for s in self.running.iter_mut() {
+        let mut wanted: Vec<(usize, usize)> = vec![]; // (running index, k) for the draft model
+        for (i, s) in self.running.iter_mut().enumerate() {
             s.spec.drafts.clear();
             if !s.speculates || s.tokens.len() - s.computed > self.cfg.token_budget {
                 continue;
@@ -420,7 +439,22 @@ impl<B: Backend> StepLoop<B> {
             s.spec.drafts = match cfg.drafter {
                 spec::DrafterKind::Ngram { min_n, max_n } => spec::ngram_draft(&s.tokens, min_n, max_n, k),
                 spec::DrafterKind::Oracle { .. } => vec![*s.tokens.last().unwrap_or(&0); k],
+                spec::DrafterKind::Model => {
+                    if k > 0 {
+                        wanted.push((i, k));
+                    }
+                    vec![]
+                }
             };
+        }
+        if let Some(dm) = &mut self.draft_model {
+            let live: std::collections::HashSet<u64> = self.running.iter().map(|s| s.id).collect();
+            dm.retain(|id| live.contains(&id));
+            let reqs: Vec<DraftRequest> = wanted.iter().map(|&(i, k)| DraftRequest { id: self.running[i].id, tokens: &self.running[i].tokens, k }).collect();
+            let drafts = dm.draft(&reqs, self.cfg.token_budget);
+            for (&(i, _), d) in wanted.iter().zip(drafts) {
+                self.running[i].spec.drafts = d;
+            }
         }
     }
 
@@ -705,6 +739,11 @@ impl<B: Backend> StepLoop<B> {
                 self.counters.spec_rounds += 1;
                 self.counters.spec_drafted += drafted as u64;
                 self.counters.spec_accepted += accepted as u64;
+            }
+            if let Some(dm) = &mut self.draft_model {
+                // The draft cache keeps what the target kept (drafts scored but not verified —
+                // dropped for budget or pages — are not part of the sequence).
+                dm.rollback(s.id, s.computed);
             }
             for tok in toks {
                 self.counters.generated_tokens += 1;

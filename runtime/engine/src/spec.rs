@@ -1,4 +1,5 @@
-//! Speculative decoding: which sequences draft, the drafters, and the per-sequence bookkeeping
+//! Speculative decoding: which sequences draft, the drafters (the draft model's own cache
+//! lives in `draft_model`), and the per-sequence bookkeeping
 //! of a verify step. The engine appends a sequence's drafts to its decode token so the target
 //! scores `[last, d1..dk]` in the same forward pass as everything else; the verifier plugin
 //! (lossless default: greedy prefix match, or chain rejection sampling on complete
@@ -31,6 +32,9 @@ pub enum DrafterKind {
     /// the real ones, so it shows the speed a drafter of that acceptance rate would give at no
     /// drafting cost; the text it produces is not the model's output.
     Oracle { acceptance: f64 },
+    /// A small model of the same family drafts greedily (`crate::draft_model`); the engine is
+    /// started with it (`Engine::start_with_draft`).
+    Model,
 }
 
 impl DrafterKind {
@@ -38,6 +42,7 @@ impl DrafterKind {
         match self {
             DrafterKind::Ngram { .. } => "ngram",
             DrafterKind::Oracle { .. } => "oracle",
+            DrafterKind::Model => "draft-model",
         }
     }
 }

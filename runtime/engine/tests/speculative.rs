@@ -1,4 +1,5 @@
-//! Speculative decoding on the demo model (CPU): greedy output with prompt-lookup drafts is
+//! Speculative decoding on the demo model (CPU): greedy output with prompt-lookup drafts or the
+//! demo's draft model is
 //! token-for-token the output without them — under penalties, min-tokens, stop strings, a tiny
 //! page pool that forces preemption, and fixed or adaptive draft lengths — with drafts actually
 //! accepted and the pool back to full; sampled output keeps the target distribution (a
@@ -26,10 +27,20 @@ fn ngram(k: usize, adaptive: bool) -> Option<SpecConfig> {
     Some(SpecConfig { drafter: DrafterKind::Ngram { min_n: 1, max_n: 3 }, num_draft_tokens: k, adaptive })
 }
 
-/// Runs every request on a fresh engine and returns (tokens, text, finish) per request.
+fn model_drafts(k: usize, adaptive: bool) -> Option<SpecConfig> {
+    Some(SpecConfig { drafter: DrafterKind::Model, num_draft_tokens: k, adaptive })
+}
+
+fn draft_model() -> LoadedModel<CpuBackend> {
+    LoadedModel::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo-draft"), CpuBackend::new()).unwrap()
+}
+
+/// Runs every request on a fresh engine (with the demo's draft model when the drafter is
+/// `Model`) and returns (tokens, text, finish) per request.
 fn run(cfg: EngineConfig, reqs: &[GenerationRequest]) -> (Vec<(Vec<u32>, String, String)>, weft_engine::EngineStats) {
     let registry = Arc::new(Registry::with_defaults(SandboxLimits::default()).unwrap());
-    let engine = Engine::start(demo(), registry, cfg).unwrap();
+    let draft = matches!(cfg.spec, Some(SpecConfig { drafter: DrafterKind::Model, .. })).then(draft_model);
+    let engine = Engine::start_with_draft(demo(), draft, registry, cfg).unwrap();
     let mut rxs: Vec<_> = reqs.iter().map(|r| engine.submit(r.clone()).unwrap().1).collect();
     let out = rxs
         .iter_mut()
@@ -73,6 +84,8 @@ fn greedy_speculation_is_token_for_token_plain_greedy() {
         ("adaptive 6", EngineConfig { spec: ngram(6, true), ..plain.clone() }),
         // 10 pages of 16 tokens for 15 sequences: preemption and draft dropping under pressure.
         ("tiny pool", EngineConfig { num_pages: 10, token_budget: 48, spec: ngram(5, false), ..plain.clone() }),
+        ("draft model 4", EngineConfig { spec: model_drafts(4, false), ..plain.clone() }),
+        ("draft model, tiny pool", EngineConfig { num_pages: 10, token_budget: 48, spec: model_drafts(3, true), ..plain.clone() }),
     ] {
         let (got, stats) = run(cfg, &reqs);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -128,16 +141,35 @@ fn sampled_speculation_keeps_the_target_distribution() {
     const N: usize = 3000;
     let reqs: Vec<_> = (0..N as u64).map(|s| request(prompt.clone(), 2, params.clone(), 1000 + s)).collect();
     let cfg = EngineConfig { num_pages: 512, page_size: 16, token_budget: 2048, max_sequences: 64, spec: ngram(1, false) };
-    let (got, stats) = run(cfg, &reqs);
-    assert!(stats.spec_drafted as usize >= N, "every request should have verified a draft at its first token: {stats:?}");
-    let mut counts = vec![0usize; vocab];
-    for (ids, _, _) in &got {
+    let (got, stats) = run(cfg.clone(), &reqs);
+    check_distribution(&got, &stats, &p, draft, N, 0.25..0.55);
+    // The draft model proposes its own greedy token (whatever the bias): same distribution.
+    let (got, stats) = run(EngineConfig { spec: model_drafts(1, false), ..cfg }, &reqs);
+    check_distribution(&got, &stats, &p, draft, N, 0.0..1.0);
+}
+
+#[test]
+fn draft_model_rejects_the_engine_without_a_matching_setup() {
+    let registry = Arc::new(Registry::with_defaults(SandboxLimits::default()).unwrap());
+    let cfg = EngineConfig { spec: model_drafts(4, true), ..Default::default() };
+    assert!(Engine::start_with_draft(demo(), None, registry.clone(), cfg.clone()).is_err(), "no draft model");
+    assert!(Engine::start_with_draft(demo(), Some(draft_model()), registry.clone(), EngineConfig { spec: ngram(4, true), ..cfg.clone() }).is_err(), "a draft model the drafter does not use");
+    // A draft model with another vocabulary: the golden fixture (a different tokenizer size).
+    let other = LoadedModel::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden/kimi-fp8-partial-blocks"), CpuBackend::new()).unwrap();
+    let e = Engine::start_with_draft(demo(), Some(other), registry, cfg).err().expect("a vocabulary mismatch is refused");
+    assert!(e.to_string().contains("vocabulary"), "{e}");
+}
+
+fn check_distribution(got: &[(Vec<u32>, String, String)], stats: &weft_engine::EngineStats, p: &[f64], draft: u32, n: usize, acceptance: std::ops::Range<f64>) {
+    assert!(stats.spec_drafted as usize >= n, "every request should have verified a draft at its first token: {stats:?}");
+    let mut counts = vec![0usize; p.len()];
+    for (ids, _, _) in got {
         counts[ids[0] as usize] += 1;
     }
     // Chi-square over tokens with an expected count of at least 5, the rest merged into one bin.
     let (mut chi2, mut df, mut rest_obs, mut rest_exp) = (0.0, 0usize, 0.0, 0.0);
-    for (o, q) in counts.iter().zip(&p) {
-        let e = q * N as f64;
+    for (o, q) in counts.iter().zip(p) {
+        let e = q * n as f64;
         if e >= 5.0 {
             chi2 += (*o as f64 - e).powi(2) / e;
             df += 1;
@@ -151,10 +183,10 @@ fn sampled_speculation_keeps_the_target_distribution() {
         df += 1;
     }
     let accepted = stats.spec_accepted as f64 / stats.spec_drafted as f64;
-    eprintln!("chi-square {chi2:.1} over {df} bins; draft {draft} target p {:.3}, observed {:.3}; {:.0}% of drafts accepted", p[draft as usize], counts[draft as usize] as f64 / N as f64, 100.0 * accepted);
+    eprintln!("chi-square {chi2:.1} over {df} bins; draft {draft} target p {:.3}, observed {:.3}; {:.0}% of drafts accepted", p[draft as usize], counts[draft as usize] as f64 / n as f64, 100.0 * accepted);
     // The 99.9th percentile of chi-square with df - 1 degrees of freedom (Wilson-Hilferty).
     let k = (df - 1) as f64;
     let limit = k * (1.0 - 2.0 / (9.0 * k) + 3.09 * (2.0 / (9.0 * k)).sqrt()).powi(3);
     assert!(chi2 < limit, "speculative samples do not follow the target distribution: chi2 {chi2:.1} over {df} bins (limit {limit:.1})");
-    assert!((0.25..0.55).contains(&accepted), "the draft (p ~0.4) should be accepted about that often: {accepted}");
+    assert!(acceptance.contains(&accepted), "the draft (p ~0.4) should be accepted about that often: {accepted}");
 }
