@@ -128,35 +128,6 @@ fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String, second: impl FnOnc
     let tdir = if dir.join("tokenizer.json").exists() { dir.clone() } else { crate::default_model_dir() };
     let tokenizer = Arc::new(TextTokenizer::from_dir(&tdir)?);
     let defaults = lm.defaults.clone();
-    let num_pages = match (a.num_pages, a.kv_memory_fraction) {
-        (Some(n), _) => n,
-        (None, None) => 512,
-        (None, Some(f)) => {
-            if !(f > 0.0 && f <= 1.0) {
-                bail!("--kv-memory-fraction {f}: must be in (0, 1]");
-            }
-            let (free, total) = lm.model.backend.memory_info().with_context(|| format!("--kv-memory-fraction: the {} backend cannot report its memory; use --num-pages", lm.model.backend.name()))?;
-            let per_page = lm.model.kv_layout(1, a.page_size).bytes_per_page_f32();
-            let budget = (total as f64 * f) as i64 - (total - free) as i64;
-            let n = budget.max(0) as usize / per_page;
-            if n == 0 {
-                bail!("--kv-memory-fraction {f}: {:.1} GiB of {:.1} GiB are already in use, nothing is left for the KV cache", (total - free) as f64 / (1u64 << 30) as f64, total as f64 / (1u64 << 30) as f64);
-            }
-            tracing::info!(pages = n, page_bytes = per_page, "KV pool sized from --kv-memory-fraction");
-            n
-        }
-    };
-    let limits = SandboxLimits { memory_bytes: a.plugin_memory_mib << 20, deadline: Duration::from_millis(a.plugin_deadline_ms) };
-    let registry = Arc::new(Registry::with_defaults(limits).context("loading the default plugins")?);
-    if let Some(pd) = &a.plugin_dir {
-        if !pd.is_dir() {
-            bail!("--plugin-dir {}: not a directory", pd.display());
-        }
-        for (p, e) in registry.scan_dir(pd, &mut Default::default()) {
-            eprintln!("warning: plugin {} not loaded: {e}", p.display());
-        }
-        registry.watch_dir(pd.clone(), Duration::from_secs(2));
-    }
     let spec = match a.speculative.as_deref() {
         None | Some("off") | Some("none") => None,
         Some("ngram") => {
@@ -193,6 +164,36 @@ fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String, second: impl FnOnc
         (_, Some(_)) => bail!("--draft-model is only used with --speculative draft-model"),
         _ => None,
     };
+    let num_pages = match (a.num_pages, a.kv_memory_fraction) {
+        (Some(n), _) => n,
+        (None, None) => 512,
+        (None, Some(f)) => {
+            if !(f > 0.0 && f <= 1.0) {
+                bail!("--kv-memory-fraction {f}: must be in (0, 1]");
+            }
+            let (free, total) = lm.model.backend.memory_info().with_context(|| format!("--kv-memory-fraction: the {} backend cannot report its memory; use --num-pages", lm.model.backend.name()))?;
+            // A draft model's cache gets as many pages as the target's.
+            let per_page = lm.model.kv_layout(1, a.page_size).bytes_per_page_f32() + draft.as_ref().map_or(0, |d| d.model.kv_layout(1, a.page_size).bytes_per_page_f32());
+            let budget = (total as f64 * f) as i64 - (total - free) as i64;
+            let n = budget.max(0) as usize / per_page;
+            if n == 0 {
+                bail!("--kv-memory-fraction {f}: {:.1} GiB of {:.1} GiB are already in use, nothing is left for the KV cache", (total - free) as f64 / (1u64 << 30) as f64, total as f64 / (1u64 << 30) as f64);
+            }
+            tracing::info!(pages = n, page_bytes = per_page, "KV pool sized from --kv-memory-fraction");
+            n
+        }
+    };
+    let limits = SandboxLimits { memory_bytes: a.plugin_memory_mib << 20, deadline: Duration::from_millis(a.plugin_deadline_ms) };
+    let registry = Arc::new(Registry::with_defaults(limits).context("loading the default plugins")?);
+    if let Some(pd) = &a.plugin_dir {
+        if !pd.is_dir() {
+            bail!("--plugin-dir {}: not a directory", pd.display());
+        }
+        for (p, e) in registry.scan_dir(pd, &mut Default::default()) {
+            eprintln!("warning: plugin {} not loaded: {e}", p.display());
+        }
+        registry.watch_dir(pd.clone(), Duration::from_secs(2));
+    }
     let cfg = EngineConfig { num_pages, page_size: a.page_size, token_budget: a.token_budget, max_sequences: a.max_sequences, spec };
     let engine = Arc::new(Engine::start_with_draft(lm, draft, registry, cfg)?);
     let server_cfg = ServerConfig { model_name: name.clone(), max_body_bytes: a.max_body_bytes, admin_token: a.admin_token.clone().filter(|t| !t.is_empty()), ..Default::default() };

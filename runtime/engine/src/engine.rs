@@ -142,6 +142,12 @@ impl Engine {
             None if wants => return Err(PluginError::Host("the `draft-model` drafter needs a draft model".into())),
             _ => {}
         }
+        // Device memory is claimed here, so a pool that does not fit is an error, not a dead loop.
+        let kv = model.model.backend.alloc_kv_pool(model.model.kv_layout(cfg.num_pages, cfg.page_size)).map_err(|e| PluginError::Host(format!("allocating the KV pool ({} pages): {e}", cfg.num_pages)))?;
+        let draft = match draft {
+            Some(d) => Some(DraftModel::new(d, cfg.num_pages, cfg.page_size).map_err(PluginError::Host)?),
+            None => None,
+        };
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(Mutex::new(EngineStats { total_pages: cfg.num_pages, free_pages: cfg.num_pages, spec_drafter: cfg.spec.as_ref().map_or("", |c| c.drafter.name()), ..Default::default() }));
         let vocab = model.model.cfg.vocab_size;
@@ -152,7 +158,7 @@ impl Engine {
         let (s2, r2) = (stats.clone(), registry.clone());
         let handle = std::thread::Builder::new()
             .name("weft-step-loop".into())
-            .spawn(move || StepLoop::new(model, draft, r2, cfg, s2).run(rx))
+            .spawn(move || StepLoop::new(model, kv, draft, r2, cfg, s2).run(rx))
             .map_err(|e| PluginError::Host(format!("step loop thread: {e}")))?;
         Ok(Engine { tx, stats, next_id: AtomicU64::new(1), registry, vocab, max_context, eos, speculative, start, handle: Mutex::new(Some(handle)) })
     }
@@ -269,11 +275,8 @@ struct Work {
 }
 
 impl<B: Backend> StepLoop<B> {
-    fn new(lm: LoadedModel<B>, draft: Option<LoadedModel<B>>, registry: Arc<Registry>, cfg: EngineConfig, stats: Arc<Mutex<EngineStats>>) -> Self {
-        let layout = lm.model.kv_layout(cfg.num_pages, cfg.page_size);
-        let kv = lm.model.backend.alloc_kv_pool(layout).expect("allocating the KV pool at start-up");
+    fn new(lm: LoadedModel<B>, kv: B::KvPool, draft_model: Option<DraftModel<B>>, registry: Arc<Registry>, cfg: EngineConfig, stats: Arc<Mutex<EngineStats>>) -> Self {
         let eos = lm.eos_ids();
-        let draft_model = draft.map(|d| DraftModel::new(d, cfg.num_pages, cfg.page_size).expect("allocating the draft model's KV pool at start-up"));
         StepLoop { pool: PagePool::new(cfg.num_pages, cfg.page_size), lm, registry, cfg, kv, waiting: VecDeque::new(), running: vec![], stats, counters: EngineStats::default(), eos, draft_model }
     }
 
