@@ -205,7 +205,7 @@ impl Engine {
             PluginError::Rejected(m) => SubmitError::Invalid(m),
             other => SubmitError::Unavailable(other.to_string()),
         })?;
-        let speculates = self.speculative && spec::eligible(&req.params, req.logprobs, native || plugin.id.name == "default");
+        let speculates = self.speculative && spec::eligible(req.logprobs, native || plugin.id.name == "default");
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let arrival_ms = self.start.elapsed().as_millis() as u64;
         let (adm, apol) = self.registry.resolve(PluginKind::Admission, None).map_err(|e| SubmitError::Unavailable(e.to_string()))?;
@@ -613,7 +613,8 @@ impl<B: Backend> StepLoop<B> {
                     Some(spec::DrafterKind::Oracle { acceptance }) => Some(*acceptance),
                     _ => None,
                 };
-                spec::VerifyJob { si: work[wi].seq, request_id: s.id, drafts: s.spec.drafts.clone(), greedy, seed: s.req.seed, position: s.tokens.len(), first, oracle }
+                let truncate = spec::truncates(&s.req.params).then(|| s.req.params.clone());
+                spec::VerifyJob { si: work[wi].seq, request_id: s.id, drafts: s.spec.drafts.clone(), greedy, seed: s.req.seed, position: s.tokens.len(), first, oracle, truncate }
             })
             .collect();
         let mut outs = logits.front(&fronts)?;

@@ -7,10 +7,11 @@
 //! of rejected drafts are dropped by moving the sequence's computed length back and releasing
 //! pages past it.
 //!
-//! A request speculates when the server has a drafter, it asks for no log-probabilities, and
-//! its target distribution is the one the front end produces (greedy, or temperature sampling
-//! with top-p/top-k/min-p/typical-p off, through the default sampler): those are the requests
-//! whose distribution the verifier sees exactly. Others decode one token per step as before.
+//! A request speculates when the server has a drafter, it asks for no log-probabilities, and it
+//! samples through the default sampler, greedy or not: the verifier sees its exact target
+//! distribution — the front end's, truncated by top-k/typical-p/top-p/min-p and renormalised as
+//! the sampler does (`top_k_renorm_prob` semantics). A custom sampler's distribution is its own,
+//! so those requests decode one token per step as before.
 
 use crate::frontend;
 use crate::step_logits::StepLogits;
@@ -69,10 +70,17 @@ impl Default for SpecConfig {
     }
 }
 
-/// Whether a request's target distribution is fully known to the verifier.
-pub fn eligible(params: &SamplingParams, logprobs: Option<usize>, default_sampler: bool) -> bool {
-    let plain = params.top_p >= 1.0 && (params.top_k == 0 || params.temperature == 0.0) && params.min_p <= 0.0 && params.typical_p >= 1.0;
-    logprobs.is_none() && default_sampler && (params.temperature == 0.0 || plain)
+/// Whether a request's target distribution is known to the verifier: the default sampler's
+/// (the front end's distribution, truncated by top-k/typical-p/top-p/min-p as the sampler does
+/// — see [`truncates`]), and no log-probabilities (they are reported per sampled position).
+pub fn eligible(logprobs: Option<usize>, default_sampler: bool) -> bool {
+    logprobs.is_none() && default_sampler
+}
+
+/// Whether a sampled request's target distribution is truncated (the verifier then gets the
+/// renormalised kept set, `native::truncate_candidates`).
+pub fn truncates(params: &SamplingParams) -> bool {
+    params.temperature != 0.0 && (params.top_p < 1.0 || params.top_k > 0 || params.min_p > 0.0 || params.typical_p < 1.0)
 }
 
 /// Proposes up to `k` tokens to follow `tokens` by prompt lookup (see [`DrafterKind::Ngram`]).
@@ -159,6 +167,8 @@ pub struct VerifyJob {
     pub first: usize,
     /// The oracle instrument's acceptance probability (its verdicts are synthetic).
     pub oracle: Option<f64>,
+    /// Sampling parameters whose truncation the target distribution carries.
+    pub truncate: Option<SamplingParams>,
 }
 
 /// Uniforms of a verify step: `k + 2` per sequence (one per draft, one for the final draw, as
@@ -176,9 +186,15 @@ fn targets<B: Backend>(logits: &mut StepLogits<B>, job: &VerifyJob, fronts: &[Fr
     logits.fetch_edited(&whole)?;
     Ok(rows
         .iter()
-        .map(|&r| match outs[r - base].take() {
-            Some(o) if !complete && fronts[r].k != 0 => frontend::candidates(o),
-            _ => frontend::extract(logits.edited(r), &fronts[r], 0),
+        .map(|&r| {
+            let c = match outs[r - base].take() {
+                Some(o) if !complete && fronts[r].k != 0 => frontend::candidates(o),
+                _ => frontend::extract(logits.edited(r), &fronts[r], 0),
+            };
+            match &job.truncate {
+                Some(p) if c.complete => native::truncate_candidates(p, &c),
+                _ => c,
+            }
         })
         .collect())
 }
@@ -324,16 +340,15 @@ mod tests {
     }
 
     #[test]
-    fn only_requests_whose_distribution_the_verifier_sees_speculate() {
+    fn which_requests_speculate_and_which_carry_a_truncation() {
+        assert!(eligible(None, true));
+        assert!(!eligible(Some(2), true), "log-probabilities");
+        assert!(!eligible(None, false), "a custom sampler");
         let p = weft_plugin_host::neutral_params(100);
-        let greedy = SamplingParams { temperature: 0.0, top_p: 0.5, ..p.clone() };
-        assert!(eligible(&greedy, None, true));
-        assert!(!eligible(&greedy, Some(2), true), "log-probabilities");
-        assert!(!eligible(&greedy, None, false), "a custom sampler");
-        let warm = SamplingParams { temperature: 0.8, ..p.clone() };
-        assert!(eligible(&warm, None, true));
-        assert!(!eligible(&SamplingParams { top_p: 0.9, ..warm.clone() }, None, true));
-        assert!(!eligible(&SamplingParams { top_k: 40, ..warm.clone() }, None, true));
-        assert!(!eligible(&SamplingParams { min_p: 0.1, ..warm }, None, true));
+        assert!(!truncates(&p));
+        assert!(!truncates(&SamplingParams { temperature: 0.0, top_p: 0.5, ..p.clone() }), "greedy ignores truncation");
+        for t in [SamplingParams { top_p: 0.9, ..p.clone() }, SamplingParams { top_k: 40, ..p.clone() }, SamplingParams { min_p: 0.1, ..p.clone() }, SamplingParams { typical_p: 0.8, ..p }] {
+            assert!(truncates(&t));
+        }
     }
 }

@@ -6,7 +6,6 @@ mod common;
 use common::{collect, wait_idle};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 use weft_backend::cpu::CpuBackend;
 use weft_engine::{Engine, EngineConfig, Event, FinishReason, GenerationRequest};
 use weft_model::generate::{generate, GenerateRequest};

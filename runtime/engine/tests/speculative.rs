@@ -9,7 +9,6 @@ mod common;
 use common::{collect, wait_idle};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 use weft_backend::cpu::CpuBackend;
 use weft_engine::{DrafterKind, Engine, EngineConfig, Event, GenerationRequest, SpecConfig};
 use weft_model::LoadedModel;
@@ -129,23 +128,37 @@ fn sampled_speculation_keeps_the_target_distribution() {
     // both the acceptance and the rejection path of the verifier are exercised.
     let p_d = all.iter().find(|t| t.0 == draft).unwrap().1.exp();
     let bias = ((0.4 / 0.6) * (1.0 - p_d) / p_d).ln();
-    let params = SamplingParams { logit_bias: vec![(draft, bias as f32)], ..temp };
-    let mut p = vec![0.0f64; vocab];
-    for &(t, lp) in &all {
-        p[t as usize] = lp.exp() * if t == draft { bias.exp() } else { 1.0 };
-    }
-    let z: f64 = p.iter().sum();
-    p.iter_mut().for_each(|q| *q /= z);
+    // The target: (raw + bias) / temperature, truncated as the default sampler truncates.
+    let target = |params: &SamplingParams| -> Vec<f64> {
+        let mut l = vec![f32::NEG_INFINITY; vocab];
+        for &(t, lp) in &all {
+            l[t as usize] = ((lp + if t == draft { bias } else { 0.0 }) / params.temperature as f64) as f32;
+        }
+        let (order, w, _) = weft_plugin_host::native::kept_weights(params, &l);
+        let z: f64 = w.iter().sum();
+        let mut p = vec![0.0f64; vocab];
+        for (&t, &x) in order.iter().zip(&w) {
+            p[t as usize] = x / z;
+        }
+        p
+    };
     // 3000 samples of the first token, each request with its own seed; max_tokens 2 leaves room
     // for one draft, verified in the prefill's pass.
     const N: usize = 3000;
-    let reqs: Vec<_> = (0..N as u64).map(|s| request(prompt.clone(), 2, params.clone(), 1000 + s)).collect();
     let cfg = EngineConfig { num_pages: 512, page_size: 16, token_budget: 2048, max_sequences: 64, spec: ngram(1, false) };
-    let (got, stats) = run(cfg.clone(), &reqs);
-    check_distribution(&got, &stats, &p, draft, N, 0.25..0.55);
-    // The draft model proposes its own greedy token (whatever the bias): same distribution.
-    let (got, stats) = run(EngineConfig { spec: model_drafts(1, false), ..cfg }, &reqs);
-    check_distribution(&got, &stats, &p, draft, N, 0.0..1.0);
+    let plain = SamplingParams { logit_bias: vec![(draft, bias as f32)], ..temp };
+    // Truncated: the verifier gets the renormalised kept set (top_k_renorm_prob semantics).
+    let truncated = SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.9, ..plain.clone() };
+    for (name, params, acceptance) in [("temperature 1", &plain, 0.25..0.55), ("temperature 0.8, top-k 40, top-p 0.9", &truncated, 0.3..0.95)] {
+        let reqs: Vec<_> = (0..N as u64).map(|s| request(prompt.clone(), 2, params.clone(), 1000 + s)).collect();
+        let p = target(params);
+        eprintln!("{name}:");
+        let (got, stats) = run(cfg.clone(), &reqs);
+        check_distribution(&got, &stats, &p, draft, N, acceptance);
+        // The draft model proposes its own greedy token (whatever the bias): same distribution.
+        let (got, stats) = run(EngineConfig { spec: model_drafts(1, false), ..cfg.clone() }, &reqs);
+        check_distribution(&got, &stats, &p, draft, N, 0.0..1.0);
+    }
 }
 
 #[test]

@@ -26,10 +26,33 @@ pub fn plan(p: &SamplingParams) -> SamplingPlan {
 /// by the temperature): top-k, then typical-p, then top-p on the renormalised remainder, then
 /// min-p; inverse CDF with `u` over what is kept (tokens sorted by logit, ties by id).
 pub fn sample_full(p: &SamplingParams, logits: &[f32], u: f64) -> u32 {
+    if p.temperature == 0.0 || p.top_k == 1 {
+        return kept_weights(p, logits).0[0];
+    }
+    let (order, w, truncated) = kept_weights(p, logits);
+    let target = if truncated { u * w.iter().sum::<f64>() } else { u };
+    let mut acc = 0.0;
+    let mut last = order[0];
+    for (i, &x) in w.iter().enumerate() {
+        if x > 0.0 {
+            acc += x;
+            last = order[i];
+            if target < acc {
+                return order[i];
+            }
+        }
+    }
+    last
+}
+
+/// The distribution [`sample_full`] draws from: token ids by logit (ties by id), their
+/// probabilities after top-k, typical-p, top-p and min-p (unnormalised where `truncated`),
+/// and whether anything was cut. Greedy parameters are not special-cased here.
+pub fn kept_weights(p: &SamplingParams, logits: &[f32]) -> (Vec<u32>, Vec<f64>, bool) {
     let mut order: Vec<u32> = (0..logits.len() as u32).collect();
     order.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
-    if p.temperature == 0.0 || p.top_k == 1 {
-        return order[0];
+    if order.is_empty() {
+        return (order, vec![], false);
     }
     let m = logits[order[0] as usize] as f64;
     let lse = m + logits.iter().map(|&l| (l as f64 - m).exp()).sum::<f64>().ln();
@@ -81,19 +104,23 @@ pub fn sample_full(p: &SamplingParams, logits: &[f32], u: f64) -> u32 {
         w.iter_mut().for_each(|x| *x = if *x < thr { 0.0 } else { *x });
         truncated = true;
     }
-    let target = if truncated { u * w.iter().sum::<f64>() } else { u };
-    let mut acc = 0.0;
-    let mut last = order[0];
-    for (i, &x) in w.iter().enumerate() {
+    (order, w, truncated)
+}
+
+/// `c` (a complete distribution) as the distribution the sampler keeps: top-k / typical-p /
+/// top-p / min-p applied and renormalised (`top_k_renorm_prob` semantics), so a verifier that
+/// samples from the result samples exactly what the sampler would.
+pub fn truncate_candidates(p: &SamplingParams, c: &Candidates) -> Candidates {
+    let (order, w, _) = kept_weights(p, &c.logits);
+    let (mut ids, mut logits) = (vec![], vec![]);
+    for (&i, &x) in order.iter().zip(&w) {
         if x > 0.0 {
-            acc += x;
-            last = order[i];
-            if target < acc {
-                return order[i];
-            }
+            ids.push(c.ids[i as usize]);
+            logits.push(x.ln() as f32);
         }
     }
-    last
+    let lse = w.iter().sum::<f64>().ln() as f32;
+    Candidates { ids, logits, logsumexp: lse, complete: true }
 }
 
 /// Native fallback for one sequence's candidates.
