@@ -94,6 +94,9 @@ pub struct ServeArgs {
     /// synthesized).
     #[arg(long)]
     draft_model: Option<PathBuf>,
+    /// No drafting in steps where more than this many sequences decode (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    speculative_disable_batch: usize,
     /// The oracle's per-draft acceptance probability.
     #[arg(long, default_value_t = 0.7)]
     oracle_acceptance: f64,
@@ -134,19 +137,19 @@ fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String, second: impl FnOnc
             if a.ngram_min == 0 || a.ngram_min > a.ngram_max || a.num_draft_tokens == 0 || a.num_draft_tokens > 64 {
                 bail!("--speculative ngram needs 1 <= --ngram-min <= --ngram-max and --num-draft-tokens in 1..=64");
             }
-            Some(SpecConfig { drafter: DrafterKind::Ngram { min_n: a.ngram_min, max_n: a.ngram_max }, num_draft_tokens: a.num_draft_tokens, adaptive: !a.fixed_draft_length })
+            Some(SpecConfig { drafter: DrafterKind::Ngram { min_n: a.ngram_min, max_n: a.ngram_max }, num_draft_tokens: a.num_draft_tokens, adaptive: !a.fixed_draft_length, max_batch: a.speculative_disable_batch })
         }
         Some("draft-model") => {
             if a.num_draft_tokens == 0 || a.num_draft_tokens > 64 {
                 bail!("--num-draft-tokens must be in 1..=64");
             }
-            Some(SpecConfig { drafter: DrafterKind::Model, num_draft_tokens: a.num_draft_tokens, adaptive: !a.fixed_draft_length })
+            Some(SpecConfig { drafter: DrafterKind::Model, num_draft_tokens: a.num_draft_tokens, adaptive: !a.fixed_draft_length, max_batch: a.speculative_disable_batch })
         }
         Some("oracle") => {
             if !(0.0..=1.0).contains(&a.oracle_acceptance) || a.num_draft_tokens == 0 || a.num_draft_tokens > 64 {
                 bail!("--speculative oracle needs --oracle-acceptance in [0, 1] and --num-draft-tokens in 1..=64");
             }
-            Some(SpecConfig { drafter: DrafterKind::Oracle { acceptance: a.oracle_acceptance }, num_draft_tokens: a.num_draft_tokens, adaptive: !a.fixed_draft_length })
+            Some(SpecConfig { drafter: DrafterKind::Oracle { acceptance: a.oracle_acceptance }, num_draft_tokens: a.num_draft_tokens, adaptive: !a.fixed_draft_length, max_batch: a.speculative_disable_batch })
         }
         Some(other) => bail!("--speculative {other:?}: the drafters are `ngram`, `draft-model` and `oracle` (a benchmark instrument), or `off`"),
     };

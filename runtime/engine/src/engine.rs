@@ -205,7 +205,7 @@ impl Engine {
             PluginError::Rejected(m) => SubmitError::Invalid(m),
             other => SubmitError::Unavailable(other.to_string()),
         })?;
-        let speculates = self.speculative && spec::eligible(req.logprobs, native || plugin.id.name == "default");
+        let speculates = self.speculative && req.speculative && spec::eligible(req.logprobs, native || plugin.id.name == "default");
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let arrival_ms = self.start.elapsed().as_millis() as u64;
         let (adm, apol) = self.registry.resolve(PluginKind::Admission, None).map_err(|e| SubmitError::Unavailable(e.to_string()))?;
@@ -431,10 +431,12 @@ impl<B: Backend> StepLoop<B> {
     fn draft(&mut self) {
         let Some(cfg) = self.cfg.spec.clone() else { return };
         let max_ctx = self.lm.model.cfg.max_position_embeddings;
+        let decoding = self.running.iter().filter(|s| s.tokens.len() - s.computed == 1).count();
+        let too_busy = cfg.max_batch > 0 && decoding > cfg.max_batch;
         let mut wanted: Vec<(usize, usize)> = vec![]; // (running index, k) for the draft model
         for (i, s) in self.running.iter_mut().enumerate() {
             s.spec.drafts.clear();
-            if !s.speculates || s.tokens.len() - s.computed > self.cfg.token_budget {
+            if too_busy || !s.speculates || s.tokens.len() - s.computed > self.cfg.token_budget {
                 continue;
             }
             let room = (s.req.max_tokens.saturating_sub(s.generated() + 1)).min(max_ctx.saturating_sub(s.tokens.len() + 1));

@@ -18,6 +18,8 @@ pub struct GenerationRequest {
     pub logprobs: Option<usize>,
     pub priority: i32,
     pub tenant: String,
+    /// Whether this request may use the server's speculative decoding (when eligible).
+    pub speculative: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

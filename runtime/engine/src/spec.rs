@@ -62,11 +62,14 @@ pub struct SpecConfig {
     pub num_draft_tokens: usize,
     /// Shrink the draft length with low acceptance and pause drafting when it stays low.
     pub adaptive: bool,
+    /// No drafts in a step where more sequences than this are decoding (0: no limit); vLLM's
+    /// `speculative_disable_by_batch_size`. Large batches pay for the extra rows.
+    pub max_batch: usize,
 }
 
 impl Default for SpecConfig {
     fn default() -> Self {
-        SpecConfig { drafter: DrafterKind::Ngram { min_n: 1, max_n: 4 }, num_draft_tokens: 4, adaptive: true }
+        SpecConfig { drafter: DrafterKind::Ngram { min_n: 1, max_n: 4 }, num_draft_tokens: 4, adaptive: true, max_batch: 0 }
     }
 }
 

@@ -19,15 +19,15 @@ fn demo() -> LoadedModel<CpuBackend> {
 }
 
 fn request(prompt: Vec<u32>, max_tokens: usize, params: SamplingParams, seed: u64) -> GenerationRequest {
-    GenerationRequest { prompt, params, max_tokens, stop_token_ids: vec![], stop: vec![], ignore_eos: true, seed, sampler: None, logprobs: None, priority: 0, tenant: "t".into() }
+    GenerationRequest { prompt, params, max_tokens, stop_token_ids: vec![], stop: vec![], ignore_eos: true, seed, sampler: None, logprobs: None, priority: 0, tenant: "t".into(), speculative: true }
 }
 
 fn ngram(k: usize, adaptive: bool) -> Option<SpecConfig> {
-    Some(SpecConfig { drafter: DrafterKind::Ngram { min_n: 1, max_n: 3 }, num_draft_tokens: k, adaptive })
+    Some(SpecConfig { drafter: DrafterKind::Ngram { min_n: 1, max_n: 3 }, num_draft_tokens: k, adaptive, max_batch: 0 })
 }
 
 fn model_drafts(k: usize, adaptive: bool) -> Option<SpecConfig> {
-    Some(SpecConfig { drafter: DrafterKind::Model, num_draft_tokens: k, adaptive })
+    Some(SpecConfig { drafter: DrafterKind::Model, num_draft_tokens: k, adaptive, max_batch: 0 })
 }
 
 fn draft_model() -> LoadedModel<CpuBackend> {
@@ -202,4 +202,23 @@ fn check_distribution(got: &[(Vec<u32>, String, String)], stats: &weft_engine::E
     let limit = k * (1.0 - 2.0 / (9.0 * k) + 3.09 * (2.0 / (9.0 * k)).sqrt()).powi(3);
     assert!(chi2 < limit, "speculative samples do not follow the target distribution: chi2 {chi2:.1} over {df} bins (limit {limit:.1})");
     assert!(acceptance.contains(&accepted), "the draft (p ~0.4) should be accepted about that often: {accepted}");
+}
+
+#[test]
+fn requests_can_opt_out_and_busy_steps_do_not_draft() {
+    let lm = demo();
+    let greedy = SamplingParams { temperature: 0.0, ..weft_plugin_host::neutral_params(0) };
+    let p = lm.tokenizer.encode("one two three one two three one two", true).unwrap();
+    let reqs: Vec<_> = (0..6).map(|i| request(p.clone(), 24, greedy.clone(), i)).collect();
+    let cfg = EngineConfig { num_pages: 64, page_size: 16, token_budget: 256, max_sequences: 16, spec: ngram(4, false) };
+    let (want, all) = run(cfg.clone(), &reqs);
+    assert!(all.spec_rounds > 0);
+    let opted_out: Vec<_> = reqs.iter().map(|r| GenerationRequest { speculative: false, ..r.clone() }).collect();
+    let (got, none) = run(cfg.clone(), &opted_out);
+    assert_eq!(none.spec_rounds, 0, "{none:?}");
+    assert_eq!(got, want);
+    // Six sequences decode together; with a limit of 2 no step drafts once all are decoding.
+    let (got, limited) = run(EngineConfig { spec: Some(SpecConfig { max_batch: 2, ..ngram(4, false).unwrap() }), ..cfg }, &reqs);
+    assert_eq!(got, want);
+    assert!(limited.spec_rounds < all.spec_rounds / 2, "{} verify steps with the limit vs {}", limited.spec_rounds, all.spec_rounds);
 }

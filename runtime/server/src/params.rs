@@ -24,6 +24,7 @@ pub struct Plan {
     pub sampler: Option<String>,
     pub priority: i32,
     pub tenant: String,
+    pub speculative: bool,
 }
 
 impl Plan {
@@ -42,6 +43,7 @@ impl Plan {
                 logprobs,
                 priority: self.priority,
                 tenant: self.tenant.clone(),
+                speculative: self.speculative,
             })
             .collect()
     }
@@ -169,6 +171,7 @@ pub fn plan(state: &AppState, s: &Sampling, raw_body: &[u8]) -> Result<Plan, Api
         sampler: s.sampler.clone(),
         priority: s.priority.unwrap_or(0),
         tenant: s.user.clone().unwrap_or_default(),
+        speculative: s.speculative.unwrap_or(true),
     })
 }
 

@@ -35,6 +35,8 @@ pub struct Sampling {
     pub sampler: Option<String>,
     pub priority: Option<i32>,
     pub user: Option<String>,
+    /// `false` opts this request out of the server's speculative decoding.
+    pub speculative: Option<bool>,
 }
 
 #[derive(Deserialize, Debug)]
