@@ -9,6 +9,16 @@
 /// vocabulary) are downloaded and finished on the host.
 pub const MAX_DEVICE_K: usize = 1024;
 
+/// The `k` a front-end row asks the backend for when `wanted` candidates are wanted: more than a
+/// device extracts (or 0) means the whole row, finished on the host.
+pub fn device_k(wanted: usize) -> usize {
+    if wanted > MAX_DEVICE_K {
+        0
+    } else {
+        wanted
+    }
+}
+
 /// One token's edit. Applied in this order, each step exactly as written:
 /// `l = l > 0 ? l / repetition : l * repetition` (when `repetition != 1`), `l -= subtract`,
 /// `l += bias`, then `l = -inf` when `banned`.

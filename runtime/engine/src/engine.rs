@@ -21,7 +21,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
-use weft_backend::front::{FrontRow, MAX_DEVICE_K};
+use weft_backend::front::{self, FrontRow};
 use weft_backend::{AttnRow, Backend};
 use weft_model::sampling::{top_logprobs, uniform};
 use weft_model::{LoadedModel, StepBatch};
@@ -592,9 +592,7 @@ impl<B: Backend> StepLoop<B> {
             .map(|&si| {
                 let s = &self.running[si];
                 let k = if s.native { frontend::native_k(&s.req.params) } else { s.plan.candidates as usize };
-                let mut row = frontend::front_row(&s.plan, &s.tokens, s.generated(), if s.req.ignore_eos { &[] } else { &self.eos }, k);
-                frontend::clamp_to_vocab(&mut row, vocab);
-                row
+                frontend::front_row(&s.plan, &s.tokens, s.generated(), if s.req.ignore_eos { &[] } else { &self.eos }, k, vocab)
             })
             .collect();
         // Verify steps: a row per position, each edited with the history up to its draft.
@@ -607,9 +605,7 @@ impl<B: Backend> StepLoop<B> {
                 let mut history = s.tokens.clone();
                 for j in 0..=s.spec.drafts.len() {
                     // Greedy needs the best candidate only; sampling the whole distribution.
-                    let mut row = frontend::front_row(&s.plan, &history, s.generated() + j, if s.req.ignore_eos { &[] } else { &self.eos }, if greedy { 1 } else { 0 });
-                    frontend::clamp_to_vocab(&mut row, vocab);
-                    fronts.push(row);
+                    fronts.push(frontend::front_row(&s.plan, &history, s.generated() + j, if s.req.ignore_eos { &[] } else { &self.eos }, if greedy { 1 } else { 0 }, vocab));
                     if let Some(&d) = s.spec.drafts.get(j) {
                         history.push(d);
                     }
@@ -683,7 +679,7 @@ impl<B: Backend> StepLoop<B> {
                         }
                         // Up to MAX_DEVICE_K more candidates come from the backend's front
                         // end; the whole vocabulary (or more than that) from a host row.
-                        let on_device = |n: usize| n > 0 && n <= MAX_DEVICE_K;
+                        let on_device = |n: usize| front::device_k(n) > 0;
                         let wanted: Vec<(usize, usize)> = again.iter().filter(|a| on_device(a.1)).map(|(m, n)| (m.1, *n)).collect();
                         let ks: Vec<usize> = again.iter().filter(|a| !on_device(a.1)).map(|(m, _)| m.1).collect();
                         members = match logits.more(&wanted, &fronts).and_then(|more| logits.fetch_edited(&ks).map(|()| more)) {

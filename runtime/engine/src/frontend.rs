@@ -6,13 +6,14 @@
 //! backends: only the candidates cross to the host). `weft_backend::front` holds the math.
 
 use std::collections::BTreeMap;
-use weft_backend::front::{self, FrontOut, FrontRow, TokenEdit, MAX_DEVICE_K};
+use weft_backend::front::{self, FrontOut, FrontRow, TokenEdit};
 use weft_plugin_host::{Candidates, SamplingParams, SamplingPlan};
 
 /// The front-end row for one request: `tokens` are its prompt + generated tokens, `generated`
 /// how many of them were generated, `k` the candidates wanted (0 or more than a device
-/// extracts: the engine finishes the row on the host).
-pub fn front_row(plan: &SamplingPlan, tokens: &[u32], generated: usize, eos: &[u32], k: usize) -> FrontRow {
+/// extracts: the engine finishes the row on the host). Edits of ids outside the vocabulary are
+/// dropped (a plan may name any id; the backend refuses them).
+pub fn front_row(plan: &SamplingPlan, tokens: &[u32], generated: usize, eos: &[u32], k: usize, vocab: usize) -> FrontRow {
     let mut edits: BTreeMap<u32, TokenEdit> = BTreeMap::new();
     fn at(edits: &mut BTreeMap<u32, TokenEdit>, t: u32) -> &mut TokenEdit {
         edits.entry(t).or_insert(TokenEdit { token: t, repetition: 1.0, subtract: 0.0, bias: 0.0, banned: false })
@@ -42,12 +43,7 @@ pub fn front_row(plan: &SamplingPlan, tokens: &[u32], generated: usize, eos: &[u
             at(&mut edits, t).banned = true;
         }
     }
-    FrontRow { k: if k > MAX_DEVICE_K { 0 } else { k }, temperature: plan.temperature, edits: edits.into_values().collect() }
-}
-
-/// Drops edits of tokens outside the vocabulary (a plan may name any id; the backend refuses them).
-pub fn clamp_to_vocab(row: &mut FrontRow, vocab: usize) {
-    row.edits.retain(|e| (e.token as usize) < vocab);
+    FrontRow { k: front::device_k(k), temperature: plan.temperature, edits: edits.into_values().filter(|e| (e.token as usize) < vocab).collect() }
 }
 
 /// How many candidates the native sampler needs to decide without the whole vocabulary:
@@ -89,7 +85,7 @@ mod tests {
         p.banned_tokens = vec![0];
         p.min_tokens = 5;
         // tokens: prompt [1], generated [2, 2]
-        let row = front_row(&p, &[1, 2, 2], 2, &[3], 8);
+        let row = front_row(&p, &[1, 2, 2], 2, &[3], 8, 100);
         assert_eq!(row.edits.len(), 4, "one edit per token");
         front::apply_edits(&mut l, &row);
         assert_eq!(l[0], f32::NEG_INFINITY, "banned");
@@ -99,7 +95,8 @@ mod tests {
         let all = extract(&l, &row, 0);
         assert_eq!(all.ids, vec![1, 2]);
         assert!(all.complete, "the banned tokens have zero probability");
-        assert_eq!(front_row(&p, &[1], 0, &[], MAX_DEVICE_K + 1).k, 0, "more than a device extracts: the whole row");
+        assert_eq!(front_row(&p, &[1], 0, &[], front::MAX_DEVICE_K + 1, 100).k, 0, "more than a device extracts: the whole row");
+        assert!(front_row(&SamplingPlan { banned_tokens: vec![5, 500], ..p.clone() }, &[1], 0, &[], 1, 100).edits.iter().all(|e| e.token < 100), "ids outside the vocabulary are dropped");
     }
 
     #[test]
