@@ -1,8 +1,9 @@
 // Weight-streaming matrix-vector kernels for decode-sized batches (a few rows of activations):
 // one sub-group per weight row, 16-byte loads along the row, every activation row multiplied
 // with the weights while they are in registers, so each weight byte is read once per call.
-// Weights are bf16, or fp8 e4m3 with per-block f32 scales (read as fp8, scaled per 16 values).
-// Activations are f32, read through the cache (they are small and shared by every block).
+// Weights are bf16, or fp8 e4m3 with per-block f32 scales (read as fp8, scaled per 16 values),
+// or f32 (router gates); they are streamed past L1 (`ld_stream`). Activations are f32, read
+// through the cache (they are small and shared by every block).
 #define GEMV_TB 8
 
 struct WeightRef {
@@ -11,88 +12,168 @@ struct WeightRef {
     u32 sc_cols, br, bc;
 };
 
-__device__ __forceinline__ void bf16x8(uint4 v, float* f) {
-    u32 p[4] = {v.x, v.y, v.z, v.w};
+// Weight element kinds: bf16, fp8 e4m3 with block scales, f32 (the MoE router gate).
+#define WK_BF16 0
+#define WK_FP8 1
+#define WK_F32 2
+
+// acc[q][t] = W[rix[q], :] · X[xrow[t], :] for q < nr (<= R) rows, t < nt (<= T) activation
+// rows `xstride` apart from `x`; summed over the sub-group, every lane ends with the totals.
+// Each lane keeps 8 sixteen-byte weight loads in flight (U chunks of R rows) before it does any
+// arithmetic, so a sub-group has 4 KB of weights in flight; the activation chunk of a column is
+// read once and used for all R rows (R > 1 cuts the activation traffic through L1 by R, which
+// is what limits batches of several rows). T, the activation rows per pass, is 1 for a single
+// decoding sequence (fewer registers, more resident sub-groups) and GEMV_TB otherwise.
+template <int KIND, int R, int T>
+__device__ __forceinline__ void rows_dot(WeightRef W, const u32* rix, u32 nr, u32 cols, const float* x, i64 xstride, const u32* xrow, u32 nt, float (&acc)[R][T]) {
+    constexpr int E = KIND == WK_FP8 ? 16 : KIND == WK_F32 ? 4 : 8;  // elements per 16-byte chunk
+    constexpr int U = 8 / R;
+    const u32 lane = threadIdx.x % WEFT_WARP, n = cols / E;
+    const uint4* rowp[R];
+    const float* srow[R];
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        f[2 * i] = __uint_as_float(p[i] << 16);
-        f[2 * i + 1] = __uint_as_float(p[i] & 0xffff0000u);
+    for (int q = 0; q < R; q++) {
+        u32 r = rix[q < (int)nr ? q : 0];
+        rowp[q] = (const uint4*)((const unsigned char*)W.w + (i64)r * cols * (16 / E));
+        srow[q] = KIND == WK_FP8 ? W.sc + (i64)(r / W.br) * W.sc_cols : 0;
     }
-}
-
-__device__ __forceinline__ float dot8(const float* w, const float* x) {
-    float4 a = *(const float4*)x, b = *(const float4*)(x + 4);
-    return w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
-}
-
-// acc[t] = W[r, :] · X[xrow[t], :] for t < nt (nt <= GEMV_TB); X rows are `xstride` apart
-// starting at `x`. Summed over the sub-group: every lane ends with the totals.
-template <int FP8>
-__device__ __forceinline__ void row_dot(WeightRef W, u32 r, u32 cols, const float* x, i64 xstride, const u32* xrow, u32 nt, float* acc) {
-    u32 lane = threadIdx.x % WEFT_WARP;
 #pragma unroll
-    for (int t = 0; t < GEMV_TB; t++) acc[t] = 0.f;
-    if (!FP8) {
-        const uint4* row = (const uint4*)((const u16*)W.w + (i64)r * cols);
-#pragma unroll 4
-        for (u32 c = lane; c < cols / 8; c += WEFT_WARP) {
-            float w[8];
-            bf16x8(row[c], w);
+    for (int q = 0; q < R; q++)
 #pragma unroll
-            for (int t = 0; t < GEMV_TB; t++)
-                if (t < nt) acc[t] += dot8(w, x + xrow[t] * xstride + c * 8);
+        for (int t = 0; t < T; t++) acc[q][t] = 0.f;
+    for (u32 c0 = lane; c0 < n; c0 += WEFT_WARP * U) {
+        uint4 v[U][R];
+        float s[U][R];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            u32 c = c0 + u * WEFT_WARP;
+#pragma unroll
+            for (int q = 0; q < R; q++) {
+                bool ok = c < n && q < (int)nr;
+                v[u][q] = ok ? ld_stream(rowp[q] + c) : make_uint4(0u, 0u, 0u, 0u);
+                s[u][q] = KIND == WK_FP8 && ok ? srow[q][(c * E) / W.bc] : 1.f;
+            }
         }
-    } else {
-        const uint4* row = (const uint4*)((const unsigned char*)W.w + (i64)r * cols);
-        const float* srow = W.sc + (i64)(r / W.br) * W.sc_cols;
-#pragma unroll 2
-        for (u32 c = lane; c < cols / 16; c += WEFT_WARP) {
-            uint4 v = row[c];
-            float s = srow[(c * 16) / W.bc];
-            u32 p[4] = {v.x, v.y, v.z, v.w};
-            float w[16];
 #pragma unroll
-            for (int i = 0; i < 16; i++) w[i] = fp8_to_f32((p[i / 4] >> (8 * (i % 4))) & 0xffu) * s;
+        for (int u = 0; u < U; u++) {
+            u32 c = c0 + u * WEFT_WARP;
+            if (c >= n) break;
+            float w[R][E];
 #pragma unroll
-            for (int t = 0; t < GEMV_TB; t++)
-                if (t < nt) {
-                    const float* xp = x + xrow[t] * xstride + c * 16;
-                    acc[t] += dot8(w, xp) + dot8(w + 8, xp + 8);
+            for (int q = 0; q < R; q++) {
+                u32 p[4] = {v[u][q].x, v[u][q].y, v[u][q].z, v[u][q].w};
+#pragma unroll
+                for (int i = 0; i < E; i++) {
+                    if (KIND == WK_BF16) w[q][i] = __uint_as_float(i % 2 ? p[i / 2] & 0xffff0000u : p[i / 2] << 16);
+                    else if (KIND == WK_FP8) w[q][i] = fp8_to_f32((p[i / 4] >> (8 * (i % 4))) & 0xffu) * s[u][q];
+                    else w[q][i] = __uint_as_float(p[i]);
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < T; t++)
+                if (t < (int)nt) {
+                    const float* xp = x + xrow[t] * xstride + (i64)c * E;
+#pragma unroll
+                    for (int i = 0; i < E; i += 4) {
+                        float4 a = *(const float4*)(xp + i);
+#pragma unroll
+                        for (int q = 0; q < R; q++) acc[q][t] += w[q][i] * a.x + w[q][i + 1] * a.y + w[q][i + 2] * a.z + w[q][i + 3] * a.w;
+                    }
                 }
         }
     }
 #pragma unroll
-    for (int t = 0; t < GEMV_TB; t++) acc[t] = warp_sum(acc[t]);
+    for (int q = 0; q < R; q++)
+#pragma unroll
+        for (int t = 0; t < T; t++)
+            if (t < (int)nt) acc[q][t] = warp_sum(acc[q][t]);
 }
 
 // out[i, r] = W[r, :] · x[i, g(r)] for i < m; rows are grouped `group_rows` per group (heads of
-// a per-head linear), group g reads columns g*cols.. of x rows `xstride` wide.
-template <int FP8>
+// a per-head linear), group g reads columns g*cols.. of x rows `xstride` wide. Each sub-group
+// takes R consecutive rows of one group (the host picks R dividing group_rows).
+template <int KIND, int R, int T>
 __device__ void gemv_body(WeightRef W, const float* x, float* out, u32 m, u32 rows, u32 cols, u32 group_rows, u32 xstride) {
     u32 warps = blockDim.x / WEFT_WARP;
-    u32 r = blockIdx.x * warps + threadIdx.x / WEFT_WARP;
-    if (r >= rows) return;
-    const float* xg = x + (i64)(r / group_rows) * cols;
-    for (u32 t0 = 0; t0 < m; t0 += GEMV_TB) {
-        u32 idx[GEMV_TB];
+    u32 r0 = (blockIdx.x * warps + threadIdx.x / WEFT_WARP) * R;
+    if (r0 >= rows) return;
+    u32 nr = min((u32)R, rows - r0);
+    u32 rix[R];
 #pragma unroll
-        for (int t = 0; t < GEMV_TB; t++) idx[t] = t0 + t;
-        float acc[GEMV_TB];
-        u32 nt = min((u32)GEMV_TB, m - t0);
-        row_dot<FP8>(W, r, cols, xg, xstride, idx, nt, acc);
+    for (int q = 0; q < R; q++) rix[q] = r0 + q;
+    const float* xg = x + (i64)(r0 / group_rows) * cols;
+    for (u32 t0 = 0; t0 < m; t0 += T) {
+        u32 idx[T];
+#pragma unroll
+        for (int t = 0; t < T; t++) idx[t] = t0 + t;
+        float acc[R][T];
+        u32 nt = min((u32)T, m - t0);
+        rows_dot<KIND, R, T>(W, rix, nr, cols, xg, xstride, idx, nt, acc);
         if (threadIdx.x % WEFT_WARP == 0)
-            for (u32 t = 0; t < nt; t++) out[(i64)(t0 + t) * rows + r] = acc[t];
+            for (u32 t = 0; t < nt; t++)
+#pragma unroll
+                for (int q = 0; q < R; q++)
+                    if (q < (int)nr) out[(i64)(t0 + t) * rows + r0 + q] = acc[q][t];
     }
 }
 
-extern "C" __global__ void gemv_bf16(const u16* w, const float* x, float* out, u32 m, u32 rows, u32 cols, u32 group_rows, u32 xstride) {
-    WeightRef W = {w, 0, 0, 1, 1};
-    gemv_body<0>(W, x, out, m, rows, cols, group_rows, xstride);
+#define GEMV_ENTRY(R, T)                                                                                                \
+    extern "C" __global__ void gemv_bf16_r##R##_t##T(const u16* w, const float* x, float* out, u32 m, u32 rows, u32 cols, u32 group_rows, u32 xstride) { \
+        WeightRef W = {w, 0, 0, 1, 1};                                                                                  \
+        gemv_body<WK_BF16, R, T>(W, x, out, m, rows, cols, group_rows, xstride);                                        \
+    }                                                                                                                   \
+    extern "C" __global__ void gemv_fp8_r##R##_t##T(const unsigned char* w, const float* sc, u32 sc_cols, u32 br, u32 bc, const float* x, float* out, u32 m, u32 rows, u32 cols, u32 group_rows, u32 xstride) { \
+        WeightRef W = {w, sc, sc_cols, br, bc};                                                                         \
+        gemv_body<WK_FP8, R, T>(W, x, out, m, rows, cols, group_rows, xstride);                                         \
+    }
+GEMV_ENTRY(1, 1)
+GEMV_ENTRY(2, 1)
+GEMV_ENTRY(4, 1)
+GEMV_ENTRY(1, 8)
+GEMV_ENTRY(2, 8)
+GEMV_ENTRY(4, 8)
+
+// out[i, r] = silu(gate_r · x[i]) * (up_r · x[i]) for a stacked [2*inter, cols] gate|up weight:
+// the gate row and the up row in one sub-group, sharing each activation read, and the
+// activation applied before anything is written (a dense or shared-expert MLP's first half).
+template <int KIND, int T>
+__device__ void gemv_gated_body(WeightRef W, const float* x, float* out, u32 m, u32 inter, u32 cols) {
+    u32 warps = blockDim.x / WEFT_WARP;
+    u32 r = blockIdx.x * warps + threadIdx.x / WEFT_WARP;
+    if (r >= inter) return;
+    u32 rix[2] = {r, inter + r};
+    for (u32 t0 = 0; t0 < m; t0 += T) {
+        u32 idx[T];
+#pragma unroll
+        for (int t = 0; t < T; t++) idx[t] = t0 + t;
+        float acc[2][T];
+        u32 nt = min((u32)T, m - t0);
+        rows_dot<KIND, 2, T>(W, rix, 2, cols, x, cols, idx, nt, acc);
+        if (threadIdx.x % WEFT_WARP == 0)
+            for (u32 t = 0; t < nt; t++) out[(i64)(t0 + t) * inter + r] = acc[0][t] / (1.0f + expf(-acc[0][t])) * acc[1][t];
+    }
 }
 
-extern "C" __global__ void gemv_fp8(const unsigned char* w, const float* sc, u32 sc_cols, u32 br, u32 bc, const float* x, float* out, u32 m, u32 rows, u32 cols, u32 group_rows, u32 xstride) {
-    WeightRef W = {w, sc, sc_cols, br, bc};
-    gemv_body<1>(W, x, out, m, rows, cols, group_rows, xstride);
+#define GATED_ENTRY(T)                                                                                                  \
+    extern "C" __global__ void gemv_gated_bf16_t##T(const u16* w, const float* x, float* out, u32 m, u32 inter, u32 cols) { \
+        WeightRef W = {w, 0, 0, 1, 1};                                                                                  \
+        gemv_gated_body<WK_BF16, T>(W, x, out, m, inter, cols);                                                         \
+    }                                                                                                                   \
+    extern "C" __global__ void gemv_gated_fp8_t##T(const unsigned char* w, const float* sc, u32 sc_cols, u32 br, u32 bc, const float* x, float* out, u32 m, u32 inter, u32 cols) { \
+        WeightRef W = {w, sc, sc_cols, br, bc};                                                                         \
+        gemv_gated_body<WK_FP8, T>(W, x, out, m, inter, cols);                                                          \
+    }
+GATED_ENTRY(1)
+GATED_ENTRY(8)
+
+// f32 weights (the MoE router gate, and every weight under WEFT_CUDA_F32=1).
+extern "C" __global__ void gemv_f32_t1(const float* w, const float* x, float* out, u32 m, u32 rows, u32 cols, u32 group_rows, u32 xstride) {
+    WeightRef W = {w, 0, 0, 1, 1};
+    gemv_body<WK_F32, 1, 1>(W, x, out, m, rows, cols, group_rows, xstride);
+}
+extern "C" __global__ void gemv_f32_t8(const float* w, const float* x, float* out, u32 m, u32 rows, u32 cols, u32 group_rows, u32 xstride) {
+    WeightRef W = {w, 0, 0, 1, 1};
+    gemv_body<WK_F32, 1, 8>(W, x, out, m, rows, cols, group_rows, xstride);
 }
 
 // fp8 block-scaled weights to bf16 (for the tensor-core GEMM of large batches).

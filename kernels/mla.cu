@@ -8,11 +8,13 @@
 #define MLA_T 16
 #define MLA_HG 16
 
-// Dynamic shared memory: q [hg][w], kv [MLA_T][w + 1] (padded: conflict-free column reads),
-// p [MLA_HG][MLA_T], corr / m / l [MLA_HG].
+// Dynamic shared memory: q [hg][w], kv [MLA_T][w + 4], p [MLA_HG][MLA_T], corr / m / l [MLA_HG].
+// Rows are read as float4 (latent and rope widths are multiples of 4, checked by the host); the
+// kv row stride w + 4 puts consecutive tokens 4 banks apart, so the 8 lanes of a quarter-warp
+// that read 8 tokens' float4s at one column touch 32 distinct banks.
 extern "C" __global__ void mla_decode(const float* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 latent, u32 rd, u32 page, float scale, u32 chunk) {
     extern __shared__ float smem[];
-    u32 w = latent + rd, wp = w + 1;
+    u32 w = latent + rd, wp = w + 4, w4 = w / 4, l4 = latent / 4;
     u32 hg = min((u32)MLA_HG, heads);
     float* q = smem;
     float* kv = q + hg * w;
@@ -26,10 +28,10 @@ extern "C" __global__ void mla_decode(const float* layer, const float* q_lat, co
     u32 n = ctx[row];
     u32 t_begin = split * chunk, t_end = min(n, t_begin + chunk);
     const u32* table = bt + bt_off[row];
-    for (u32 i = threadIdx.x; i < hg * w; i += blockDim.x) {
-        u32 h = i / w, j = i % w;
+    for (u32 i = threadIdx.x; i < hg * w4; i += blockDim.x) {
+        u32 h = i / w4, j = i % w4;
         i64 qh = (i64)row * heads + h0 + h;
-        q[i] = j < latent ? q_lat[qh * latent + j] : q_pe[qh * rd + (j - latent)];
+        ((float4*)q)[i] = j < l4 ? ((const float4*)q_lat)[qh * l4 + j] : ((const float4*)q_pe)[qh * (rd / 4) + (j - l4)];
     }
     if (threadIdx.x < MLA_HG) { mrun[threadIdx.x] = -WEFT_INF; lrun[threadIdx.x] = 0.f; }
     // Each thread owns output dims d = threadIdx.x + k*blockDim.x (k < 2) for every head.
@@ -41,23 +43,31 @@ extern "C" __global__ void mla_decode(const float* layer, const float* q_lat, co
         u32 cnt = min((u32)MLA_T, t_end - base);
         // Rows past the context are zeroed: the value pass multiplies every row of the tile
         // (by a zero weight), and 0 × stale shared memory can be NaN.
-        for (u32 i = threadIdx.x; i < MLA_T * w; i += blockDim.x) {
-            u32 t = i / w, j = i % w;
+        for (u32 i = threadIdx.x; i < MLA_T * w4; i += blockDim.x) {
+            u32 t = i / w4, j = i % w4;
             u32 tt = base + t;
-            kv[t * wp + j] = t < cnt ? layer[((i64)table[tt / page] * page + tt % page) * w + j] : 0.f;
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (t < cnt) v = ((const float4*)layer)[((i64)table[tt / page] * page + tt % page) * w4 + j];
+            ((float4*)(kv + t * wp))[j] = v;
         }
         __syncthreads();
-        // Scores: one (head, token) pair per thread per pass.
+        // Scores: one (head, token) pair per thread per pass, four independent partial sums.
         for (u32 i = threadIdx.x; i < hg * MLA_T; i += blockDim.x) {
             u32 h = i / MLA_T, t = i % MLA_T;
             float s = -WEFT_INF;
             if (t < cnt) {
-                const float* qh = q + h * w;
-                const float* kt = kv + t * wp;
-                float a = 0.f, b = 0.f;
-                for (u32 j = 0; j < latent; j++) a += qh[j] * kt[j];
-                for (u32 j = latent; j < w; j++) b += qh[j] * kt[j];
-                s = (a + b) * scale;
+                const float4* qh = (const float4*)(q + h * w);
+                const float4* kt = (const float4*)(kv + t * wp);
+                float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+#pragma unroll 8
+                for (u32 j = 0; j < w4; j++) {
+                    float4 x = qh[j], y = kt[j];
+                    a0 += x.x * y.x;
+                    a1 += x.y * y.y;
+                    a2 += x.z * y.z;
+                    a3 += x.w * y.w;
+                }
+                s = ((a0 + a1) + (a2 + a3)) * scale;
             }
             p[h * MLA_T + t] = s;
         }
@@ -87,9 +97,13 @@ extern "C" __global__ void mla_decode(const float* layer, const float* q_lat, co
 #pragma unroll
                 for (int h = 0; h < MLA_HG; h++) {
                     if (h < (int)hg) {
+                        const float4* ph = (const float4*)(p + h * MLA_T);
                         float a = acc[h][k] * corr[h];
 #pragma unroll
-                        for (int t = 0; t < MLA_T; t++) a += p[h * MLA_T + t] * v[t];
+                        for (int t4 = 0; t4 < MLA_T / 4; t4++) {
+                            float4 e = ph[t4];
+                            a += e.x * v[4 * t4] + e.y * v[4 * t4 + 1] + e.z * v[4 * t4 + 2] + e.w * v[4 * t4 + 3];
+                        }
                         acc[h][k] = a;
                     }
                 }
@@ -110,22 +124,33 @@ extern "C" __global__ void mla_decode(const float* layer, const float* q_lat, co
     }
 }
 
-// One block per (row, head): merges the splits' partial outputs.
+// One block per (row, head): merges the splits' partial outputs. The splits' weights
+// exp(m_s - M) / L are computed once, in parallel, into shared memory (dynamic: blockDim.x
+// floats of reduction scratch, then nsplit weights); each output dim then sums independent
+// loads over the splits.
 extern "C" __global__ void mla_combine(const float* o_part, const float* ml_part, float* out, u32 nsplit, u32 latent) {
+    extern __shared__ float smem[];
+    float* red = smem;
+    float* wsh = smem + blockDim.x;
     i64 rh = blockIdx.x;
-    float M = -WEFT_INF;
-    for (u32 s = 0; s < nsplit; s++) M = fmaxf(M, ml_part[(rh * nsplit + s) * 2]);
-    float L = 0.f;
-    for (u32 s = 0; s < nsplit; s++) {
-        float m = ml_part[(rh * nsplit + s) * 2];
-        L += m == -WEFT_INF ? 0.f : expf(m - M) * ml_part[(rh * nsplit + s) * 2 + 1];
+    const float* ml = ml_part + rh * nsplit * 2;
+    float mx = -WEFT_INF;
+    for (u32 s = threadIdx.x; s < nsplit; s += blockDim.x) mx = fmaxf(mx, ml[2 * s]);
+    float M = block_max(mx, red);
+    float l = 0.f;
+    for (u32 s = threadIdx.x; s < nsplit; s += blockDim.x) {
+        float m = ml[2 * s];
+        float e = m == -WEFT_INF ? 0.f : expf(m - M);
+        wsh[s] = e;
+        l += e * ml[2 * s + 1];
     }
+    float L = block_sum(l, red);
+    const float* o = o_part + rh * nsplit * latent;
     for (u32 d = threadIdx.x; d < latent; d += blockDim.x) {
+        // Unrolled so that 16 loads are in flight before their sums need them.
         float a = 0.f;
-        for (u32 s = 0; s < nsplit; s++) {
-            float m = ml_part[(rh * nsplit + s) * 2];
-            if (m != -WEFT_INF) a += expf(m - M) * o_part[(rh * nsplit + s) * latent + d];
-        }
+#pragma unroll 16
+        for (u32 s = 0; s < nsplit; s++) a += wsh[s] * o[(i64)s * latent + d];
         out[rh * latent + d] = a / L;
     }
 }

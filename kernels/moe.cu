@@ -142,7 +142,7 @@ __device__ __forceinline__ WeightRef expert_ref(ExpertTable T, u32 e) {
 
 // h[entry, r] = silu(gate_r · x[token]) * (up_r · x[token]) for the active expert of block
 // blockIdx.x / tiles; one sub-group per row r of its tile. gate_up is [2*inter, hidden].
-template <int FP8>
+template <int FP8, int NT>
 __device__ void moe_gate_up_body(ExpertTable T, const u32* plan, u32 maxa, const float* x, float* h, u32 k, u32 hidden, u32 inter) {
     u32 warps = blockDim.x / WEFT_WARP;
     u32 tiles = (inter + warps - 1) / warps;
@@ -153,21 +153,22 @@ __device__ void moe_gate_up_body(ExpertTable T, const u32* plan, u32 maxa, const
     WeightRef W = expert_ref(T, plan[1 + a]);
     const u32* off = plan + 1 + maxa;
     const u32* ent = plan + 2 + 2 * maxa;
-    for (u32 i0 = off[a]; i0 < off[a + 1]; i0 += GEMV_TB) {
-        u32 nt = min((u32)GEMV_TB, off[a + 1] - i0);
-        u32 tok[GEMV_TB];
+    for (u32 i0 = off[a]; i0 < off[a + 1]; i0 += NT) {
+        u32 nt = min((u32)NT, off[a + 1] - i0);
+        u32 tok[NT];
 #pragma unroll
-        for (int t = 0; t < GEMV_TB; t++) tok[t] = t < nt ? ent[i0 + t] / k : 0;
-        float g[GEMV_TB], u[GEMV_TB];
-        row_dot<FP8>(W, r, hidden, x, hidden, tok, nt, g);
-        row_dot<FP8>(W, inter + r, hidden, x, hidden, tok, nt, u);
+        for (int t = 0; t < NT; t++) tok[t] = t < nt ? ent[i0 + t] / k : 0;
+        // The gate row and the up row together: one read of each activation chunk for both.
+        float acc[2][NT];
+        u32 rix[2] = {r, inter + r};
+        rows_dot<FP8, 2, NT>(W, rix, 2, hidden, x, hidden, tok, nt, acc);
         if (threadIdx.x % WEFT_WARP == 0)
-            for (u32 t = 0; t < nt; t++) h[(i64)ent[i0 + t] * inter + r] = g[t] / (1.0f + expf(-g[t])) * u[t];
+            for (u32 t = 0; t < nt; t++) h[(i64)ent[i0 + t] * inter + r] = acc[0][t] / (1.0f + expf(-acc[0][t])) * acc[1][t];
     }
 }
 
 // y[entry, r] = down_r · h[entry] (down is [hidden, inter]).
-template <int FP8>
+template <int FP8, int NT>
 __device__ void moe_down_body(ExpertTable T, const u32* plan, u32 maxa, const float* h, float* y, u32 hidden, u32 inter) {
     u32 warps = blockDim.x / WEFT_WARP;
     u32 tiles = (hidden + warps - 1) / warps;
@@ -178,37 +179,41 @@ __device__ void moe_down_body(ExpertTable T, const u32* plan, u32 maxa, const fl
     WeightRef W = expert_ref(T, plan[1 + a]);
     const u32* off = plan + 1 + maxa;
     const u32* ent = plan + 2 + 2 * maxa;
-    for (u32 i0 = off[a]; i0 < off[a + 1]; i0 += GEMV_TB) {
-        u32 nt = min((u32)GEMV_TB, off[a + 1] - i0);
-        u32 idx[GEMV_TB];
+    for (u32 i0 = off[a]; i0 < off[a + 1]; i0 += NT) {
+        u32 nt = min((u32)NT, off[a + 1] - i0);
+        u32 idx[NT];
 #pragma unroll
-        for (int t = 0; t < GEMV_TB; t++) idx[t] = t < nt ? ent[i0 + t] : 0;
-        float acc[GEMV_TB];
-        row_dot<FP8>(W, r, inter, h, inter, idx, nt, acc);
+        for (int t = 0; t < NT; t++) idx[t] = t < nt ? ent[i0 + t] : 0;
+        float acc[1][NT];
+        rows_dot<FP8, 1, NT>(W, &r, 1, inter, h, inter, idx, nt, acc);
         if (threadIdx.x % WEFT_WARP == 0)
-            for (u32 t = 0; t < nt; t++) y[(i64)idx[t] * hidden + r] = acc[t];
+            for (u32 t = 0; t < nt; t++) y[(i64)idx[t] * hidden + r] = acc[0][t];
     }
 }
 
-extern "C" __global__ void moe_gate_up_bf16(const u64* w, const u32* plan, u32 maxa, const float* x, float* h, u32 k, u32 hidden, u32 inter) {
-    ExpertTable T = {w, w, 0, 1, 1};
-    moe_gate_up_body<0>(T, plan, maxa, x, h, k, hidden, inter);
-}
-extern "C" __global__ void moe_gate_up_fp8(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, const float* x, float* h, u32 k, u32 hidden, u32 inter) {
-    ExpertTable T = {w, sc, sc_cols, br, bc};
-    moe_gate_up_body<1>(T, plan, maxa, x, h, k, hidden, inter);
-}
-extern "C" __global__ void moe_down_bf16(const u64* w, const u32* plan, u32 maxa, const float* h, float* y, u32 hidden, u32 inter) {
-    ExpertTable T = {w, w, 0, 1, 1};
-    moe_down_body<0>(T, plan, maxa, h, y, hidden, inter);
-}
-extern "C" __global__ void moe_down_fp8(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, const float* h, float* y, u32 hidden, u32 inter) {
-    ExpertTable T = {w, sc, sc_cols, br, bc};
-    moe_down_body<1>(T, plan, maxa, h, y, hidden, inter);
-}
+// NT: entries per pass (1 when every active expert serves one entry: a single decoding token).
+#define MOE_ENTRY(T)                                                                                                    \
+    extern "C" __global__ void moe_gate_up_bf16_t##T(const u64* w, const u32* plan, u32 maxa, const float* x, float* h, u32 k, u32 hidden, u32 inter) { \
+        ExpertTable Tb = {w, w, 0, 1, 1};                                                                               \
+        moe_gate_up_body<0, T>(Tb, plan, maxa, x, h, k, hidden, inter);                                                 \
+    }                                                                                                                   \
+    extern "C" __global__ void moe_gate_up_fp8_t##T(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, const float* x, float* h, u32 k, u32 hidden, u32 inter) { \
+        ExpertTable Tb = {w, sc, sc_cols, br, bc};                                                                      \
+        moe_gate_up_body<1, T>(Tb, plan, maxa, x, h, k, hidden, inter);                                                 \
+    }                                                                                                                   \
+    extern "C" __global__ void moe_down_bf16_t##T(const u64* w, const u32* plan, u32 maxa, const float* h, float* y, u32 hidden, u32 inter) { \
+        ExpertTable Tb = {w, w, 0, 1, 1};                                                                               \
+        moe_down_body<0, T>(Tb, plan, maxa, h, y, hidden, inter);                                                       \
+    }                                                                                                                   \
+    extern "C" __global__ void moe_down_fp8_t##T(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, const float* h, float* y, u32 hidden, u32 inter) { \
+        ExpertTable Tb = {w, sc, sc_cols, br, bc};                                                                      \
+        moe_down_body<1, T>(Tb, plan, maxa, h, y, hidden, inter);                                                       \
+    }
+MOE_ENTRY(1)
+MOE_ENTRY(8)
 
 // out[t, :] = sum_j w[t*k + j] * y[t*k + j, :], slots summed in order (deterministic).
-extern "C" __global__ void moe_combine(const float* y, const float* wts, float* out, u32 k, u32 hidden) {
+extern "C" __global__ void moe_combine(const float* __restrict__ y, const float* __restrict__ wts, float* __restrict__ out, u32 k, u32 hidden) {
     i64 t = blockIdx.x;
     for (u32 d = threadIdx.x; d < hidden; d += blockDim.x) {
         float s = 0.f;

@@ -25,15 +25,65 @@ __device__ void rms_row(const float* x, const float* w, float* out, u32 dim, flo
     for (u32 j = threadIdx.x; j < dim; j += blockDim.x) out[j] = w[j] * (x[j] * r);
 }
 
+// Rows up to RMS_REGS * blockDim.x wide are held in registers between the sum of squares and
+// the scaling (one read of the input), and summed with sub-group sums (two barriers, not one
+// per tree level): these norms run twice per layer on one row at batch 1, where latency is all.
+#define RMS_REGS 32
+__device__ __forceinline__ float block_sum_lanes(float v, float* sh) {
+    v = warp_sum(v);
+    u32 nw = blockDim.x / WEFT_WARP;
+    if (threadIdx.x % WEFT_WARP == 0) sh[threadIdx.x / WEFT_WARP] = v;
+    __syncthreads();
+    float t = 0.f;
+    for (u32 i = 0; i < nw; i++) t += sh[i];
+    __syncthreads();
+    return t;
+}
+
+// x = src (+ delta, written back to res when ADD); out = w * x / rms(x).
+template <bool ADD>
+__device__ void rms_row_regs(const float* src, const float* delta, float* res, const float* w, float* out, u32 dim, float eps, float* sh) {
+    // Every load is issued before the first store: `res` aliases `src`, so a store between
+    // them would make each load wait for the previous one (a latency chain per element).
+    float v[RMS_REGS], dv[RMS_REGS];
+#pragma unroll
+    for (int k = 0; k < RMS_REGS; k++) {
+        u32 j = threadIdx.x + k * blockDim.x;
+        v[k] = j < dim ? src[j] : 0.f;
+        dv[k] = ADD && j < dim ? delta[j] : 0.f;
+    }
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < RMS_REGS; k++) {
+        u32 j = threadIdx.x + k * blockDim.x;
+        if (ADD) {
+            v[k] += dv[k];
+            if (j < dim) res[j] = v[k];
+        }
+        s += v[k] * v[k];
+    }
+    float r = 1.0f / sqrtf(block_sum_lanes(s, sh) / (float)dim + eps);
+#pragma unroll
+    for (int k = 0; k < RMS_REGS; k++) {
+        u32 j = threadIdx.x + k * blockDim.x;
+        if (j < dim) out[j] = w[j] * (v[k] * r);
+    }
+}
+
 extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, u32 dim, float eps) {
     __shared__ float sh[BLOCK];
     i64 o = (i64)blockIdx.x * dim;
-    rms_row(x + o, w, out + o, dim, eps, sh);
+    if (dim <= RMS_REGS * blockDim.x) rms_row_regs<false>(x + o, 0, 0, w, out + o, dim, eps, sh);
+    else rms_row(x + o, w, out + o, dim, eps, sh);
 }
 
 extern "C" __global__ void add_rms_norm(float* res, const float* delta, const float* w, float* out, u32 dim, float eps) {
     __shared__ float sh[BLOCK];
     i64 o = (i64)blockIdx.x * dim;
+    if (dim <= RMS_REGS * blockDim.x) {
+        rms_row_regs<true>(res + o, delta + o, res + o, w, out + o, dim, eps, sh);
+        return;
+    }
     for (u32 j = threadIdx.x; j < dim; j += blockDim.x) res[o + j] += delta[o + j];
     __syncthreads();
     rms_row(res + o, w, out + o, dim, eps, sh);
@@ -43,7 +93,7 @@ extern "C" __global__ void add_inplace(float* x, const float* y, i64 n) {
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) x[i] += y[i];
 }
 
-extern "C" __global__ void silu_mul(const float* gu, float* out, u32 inter) {
+extern "C" __global__ void silu_mul(const float* __restrict__ gu, float* __restrict__ out, u32 inter) {
     const float* g = gu + (i64)blockIdx.x * 2 * inter;
     for (u32 j = threadIdx.x; j < inter; j += blockDim.x) {
         float a = g[j];

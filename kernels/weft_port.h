@@ -54,6 +54,18 @@ __device__ __forceinline__ float lane_xor(float v, int o) { return __shfl_xor(v,
 __device__ __forceinline__ float lane_xor(float v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
 #endif
 
+// A 16-byte load of data read once (streamed weights): past L1, so the activations every block
+// shares keep it.
+#if defined(__HIPCC_RTC__) || defined(__HIP_DEVICE_COMPILE__)
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) { return __builtin_nontemporal_load(p); }
+#else
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+#endif
+
 // Sum over the sub-group; every lane gets the total.
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = WEFT_WARP / 2; o > 0; o >>= 1) v += lane_xor(v, o);

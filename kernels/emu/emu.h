@@ -29,6 +29,7 @@ inline float __shfl_xor_sync(unsigned, float, int) { std::fprintf(stderr, "emu: 
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 struct uint4 { unsigned x, y, z, w; };
 struct float4 { float x, y, z, w; };
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 
 // Dynamic shared memory (`extern __shared__ float smem[]` in a kernel names this array).

@@ -6,8 +6,11 @@
 //! bytes the step must move by its time: weights of attention, dense layers, shared experts and
 //! the expected number of distinct routed experts the batch selects (uniform routing:
 //! E·(1−(1−k/E)^B) per layer; dummy weights route close to uniformly), the lm_head, the KV
-//! cache read and written. Prefill: one sequence of `--prefill` tokens, FLOPs of the matmuls
-//! and attention over the step time, against the GEMM rate.
+//! cache read and written. Next to the step time: how long the host took to enqueue it (a
+//! step whose enqueue is as long as the step waits on the host's launches) and the same step
+//! recorded as a CUDA graph and replayed (the GPU's own time, without launch gaps). Prefill:
+//! one sequence of `--prefill` tokens, FLOPs of the matmuls and attention over the step time,
+//! against the GEMM rate.
 //!
 //! The KV cache holds synthetic contents (its values do not change the work), so no prefill
 //! is needed to time decode at long contexts.
@@ -92,6 +95,33 @@ fn prefill_flops(c: &ModelConfig, n: usize) -> f64 {
     2.0 * params * n as f64 + per_pair * pairs * c.num_hidden_layers as f64 + 2.0 * (c.vocab_size * c.hidden_size) as f64
 }
 
+/// Tokens, positions and cache slots of a decode step: every sequence (one block table each)
+/// writes position `pos`; tokens vary with the sequence and the step.
+fn step_inputs(tables: &[Vec<u32>], pos: usize, step: usize, vocab: u64) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
+    let tokens = (0..tables.len() as u64).map(|s| ((s * 7919 + step as u64 * 104729) % (vocab - 10)) as u32).collect();
+    let slots = tables.iter().map(|t| t[pos / PAGE] * PAGE as u32 + (pos % PAGE) as u32).collect();
+    (tokens, vec![pos as u32; tables.len()], slots)
+}
+
+/// Records `step` into a CUDA graph and returns the mean time of a replay (launch to
+/// completion, 16 replays after one warm-up).
+fn graph_replay(be: &CudaBackend, step: impl FnOnce() -> weft_backend::Result<()>) -> weft_backend::Result<f64> {
+    be.begin_capture()?;
+    let recorded = step();
+    let graph = be.end_capture();
+    recorded?;
+    let graph = graph?;
+    let err = |e: cudarc::driver::DriverError| weft_backend::BackendError::Device(format!("{e:?}"));
+    graph.launch().map_err(err)?;
+    be.synchronize()?;
+    let t = Instant::now();
+    for _ in 0..16 {
+        graph.launch().map_err(err)?;
+        be.synchronize()?;
+    }
+    Ok(t.elapsed().as_secs_f64() / 16.0)
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let dir = PathBuf::from(args.first().expect("usage: roofline DIR [--dummy] [--batch 1,8] [--ctx 1024] [--prefill 1024] [--steps 8]"));
@@ -147,12 +177,12 @@ fn main() {
     let mut pool = be.alloc_kv_pool(model.kv_layout(max_pages, PAGE)).unwrap();
 
     println!();
-    println!("| batch | context | step ms | out tok/s | bytes/step GB | achieved GB/s | % of copy BW | logits download ms | device front end ms (top-64) |");
-    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| batch | context | step ms | out tok/s | bytes/step GB | achieved GB/s | % of copy BW | host enqueue ms | graph replay ms | logits download ms | device front end ms (top-64) |");
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for &ctx in &ctxs {
         for &b in &batches {
             if need(b, ctx) > max_pages {
-                println!("| {b} | {ctx} | skipped: the f32 KV cache needs {:.0} GB | | | | | | |", (need(b, ctx) * width_bytes) as f64 / 1e9);
+                println!("| {b} | {ctx} | skipped: the f32 KV cache needs {:.0} GB | | | | | | | | |", (need(b, ctx) * width_bytes) as f64 / 1e9);
                 continue;
             }
             let per_seq = (ctx + steps + 2).div_ceil(PAGE);
@@ -160,41 +190,57 @@ fn main() {
             let vocab = c.vocab_size as u64;
             // The sampling front end as the engine runs it for a plugin sampler: top-64 per row.
             let fronts = vec![weft_backend::front::FrontRow { k: 64, temperature: 0.7, edits: vec![] }; b];
-            let mut run_step = |step: usize, download: bool| -> (f64, f64, f64) {
-                let pos = (ctx + step) as u32;
-                let tokens: Vec<u32> = (0..b as u64).map(|s| ((s * 7919 + step as u64 * 104729) % (vocab - 10)) as u32).collect();
-                let positions = vec![pos; b];
-                let slots: Vec<u32> = tables.iter().map(|t| t[pos as usize / PAGE] * PAGE as u32 + pos % PAGE as u32).collect();
-                let attn: Vec<AttnRow<'_>> = tables.iter().map(|t| AttnRow { block_table: t, ctx_len: pos as usize + 1 }).collect();
+            let mut run_step = |step: usize, download: bool| -> (f64, f64, f64, f64) {
+                let (tokens, positions, slots) = step_inputs(&tables, ctx + step, step, vocab);
+                let attn: Vec<AttnRow<'_>> = tables.iter().map(|t| AttnRow { block_table: t, ctx_len: ctx + step + 1 }).collect();
                 let batch = StepBatch { tokens: &tokens, positions: &positions, slots: &slots, attn: &attn };
                 let t = Instant::now();
                 let hidden = model.forward_hidden(&mut pool, &batch).unwrap();
                 let mut logits = model.logits(&hidden).unwrap();
+                let enqueue_s = t.elapsed().as_secs_f64();
                 be.synchronize().unwrap();
                 let step_s = t.elapsed().as_secs_f64();
                 if !download {
-                    return (step_s, 0.0, 0.0);
+                    return (step_s, enqueue_s, 0.0, 0.0);
                 }
                 let t = Instant::now();
                 be.download(&logits).unwrap();
                 let dl = t.elapsed().as_secs_f64();
                 let t = Instant::now();
                 be.sampling_front(&mut logits, c.vocab_size, &fronts).unwrap();
-                (step_s, dl, t.elapsed().as_secs_f64())
+                (step_s, enqueue_s, dl, t.elapsed().as_secs_f64())
             };
             run_step(0, true);
             run_step(1, false);
-            let (mut tot, mut dl, mut fe) = (0.0, 0.0, 0.0);
+            let (mut tot, mut enq, mut dl, mut fe) = (0.0, 0.0, 0.0, 0.0);
             for s in 0..steps {
-                let (a, d, f) = run_step(2 + s, s == 0);
+                let (a, q, d, f) = run_step(2 + s, s == 0);
                 tot += a;
+                enq += q;
                 if s == 0 {
                     (dl, fe) = (d, f);
                 }
             }
-            let step = tot / steps as f64;
+            let (step, enq) = (tot / steps as f64, enq / steps as f64);
+            // The last step again, recorded as a CUDA graph and replayed: the GPU's own time for
+            // the step, without gaps between kernels waiting for the host's launches.
+            let graph = {
+                let last = 2 + steps - 1;
+                run_step(last, false);
+                let (tokens, positions, slots) = step_inputs(&tables, ctx + last, last, vocab);
+                let attn: Vec<AttnRow<'_>> = tables.iter().map(|t| AttnRow { block_table: t, ctx_len: ctx + last + 1 }).collect();
+                let batch = StepBatch { tokens: &tokens, positions: &positions, slots: &slots, attn: &attn };
+                graph_replay(be, || {
+                    let hidden = model.forward_hidden(&mut pool, &batch)?;
+                    let logits = model.logits(&hidden)?;
+                    std::mem::forget(logits); // graph-owned memory: lives with the graph
+                    std::mem::forget(hidden);
+                    Ok(())
+                })
+            };
+            let graph = graph.map_or_else(|e| format!("n/a ({e})"), |g| format!("{:.3}", g * 1e3));
             let bytes = step_bytes(c, b, ctx);
-            println!("| {b} | {ctx} | {:.3} | {:.0} | {:.2} | {:.0} | {:.1} % | {:.2} | {:.2} |", step * 1e3, b as f64 / step, bytes / 1e9, bytes / step / 1e9, 100.0 * bytes / step / copy_bw, dl * 1e3, fe * 1e3);
+            println!("| {b} | {ctx} | {:.3} | {:.0} | {:.2} | {:.0} | {:.1} % | {:.3} | {graph} | {:.2} | {:.2} |", step * 1e3, b as f64 / step, bytes / 1e9, bytes / step / 1e9, 100.0 * bytes / step / copy_bw, enq * 1e3, dl * 1e3, fe * 1e3);
         }
     }
 

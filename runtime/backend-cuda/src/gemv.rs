@@ -1,7 +1,7 @@
-//! Weight-streaming linear layers for decode-sized batches (`kernels/gemv.cu`): one sub-group
-//! per weight row, so a step reads each weight once whatever the batch's few rows are; bf16 or
-//! fp8 weights read in their stored format. Larger batches go to cuBLAS (`ops.rs`), fp8
-//! weights through a bf16 scratch copy (`dequant`).
+//! Weight-streaming linear layers for decode-sized batches (`kernels/gemv.cu`): a sub-group
+//! per 1, 2 or 4 weight rows, so a step reads each weight once whatever the batch's few rows
+//! are; bf16, fp8 and f32 (router) weights read in their stored format. Larger batches go to
+//! cuBLAS (`ops.rs`), fp8 weights through a bf16 scratch copy (`dequant`).
 
 use crate::ops::flat;
 use crate::{dev, CudaBackend, CudaMatrix};
@@ -14,12 +14,33 @@ pub const GEMV_MAX_M_BF16: usize = 8;
 /// copy of the weight (3 extra bytes of traffic per element).
 pub const GEMV_MAX_M_FP8: usize = 32;
 const THREADS: u32 = 256;
+/// Kernels by [rows per sub-group 1/2/4][activation rows per pass 1 / GEMV_TB].
+const GEMV_BF16: [[&str; 2]; 3] = [["gemv_bf16_r1_t1", "gemv_bf16_r1_t8"], ["gemv_bf16_r2_t1", "gemv_bf16_r2_t8"], ["gemv_bf16_r4_t1", "gemv_bf16_r4_t8"]];
+const GEMV_FP8: [[&str; 2]; 3] = [["gemv_fp8_r1_t1", "gemv_fp8_r1_t8"], ["gemv_fp8_r2_t1", "gemv_fp8_r2_t8"], ["gemv_fp8_r4_t1", "gemv_fp8_r4_t8"]];
+
+/// Weight rows per sub-group: more rows share each activation read (what limits batches of
+/// several rows), fewer rows spread a small matrix over more sub-groups (what a single row
+/// needs to have enough loads in flight). A sub-group's rows stay inside one head group.
+pub(crate) fn rows_per_subgroup(rows: usize, group_rows: usize, m: usize, num_sms: usize) -> usize {
+    let warps_per_block = (THREADS / crate::SUBGROUP) as usize;
+    // Sub-groups for two full blocks per multiprocessor at least.
+    let enough = |r: usize| rows / r >= 2 * warps_per_block * num_sms;
+    for r in [4, 2] {
+        if group_rows % r == 0 && (enough(r) || (m >= 4 && rows / r >= warps_per_block * num_sms / 2)) {
+            return r;
+        }
+    }
+    1
+}
 
 impl CudaBackend {
     /// Whether `w` can be multiplied by `m` activation rows on the weight-streaming path.
     pub(crate) fn gemv_fits(&self, w: &CudaMatrix, m: usize) -> bool {
-        if self.slow_paths || w.f32_data.is_some() || m == 0 {
+        if self.slow_paths || m == 0 {
             return false;
+        }
+        if w.f32_data.is_some() {
+            return m <= GEMV_MAX_M_BF16 && w.cols % 4 == 0;
         }
         match &w.fp8 {
             Some(f) => m <= GEMV_MAX_M_FP8 && w.cols % 16 == 0 && f.block_cols % 16 == 0,
@@ -32,18 +53,49 @@ impl CudaBackend {
     pub(crate) fn gemv(&self, w: &CudaMatrix, x: &CudaSlice<f32>, m: usize, groups: usize) -> Result<CudaSlice<f32>> {
         let mut out = self.out(m * w.rows)?;
         let warps = (THREADS / crate::SUBGROUP) as usize;
-        let cfg = LaunchConfig { grid_dim: (w.rows.div_ceil(warps) as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
-        let (m32, rows, cols, grp, xs) = (m as u32, w.rows as u32, w.cols as u32, (w.rows / groups) as u32, (groups * w.cols) as u32);
+        let group_rows = w.rows / groups;
+        let r = if w.f32_data.is_some() { 1 } else { rows_per_subgroup(w.rows, group_rows, m, self.num_sms) };
+        let cfg = LaunchConfig { grid_dim: (w.rows.div_ceil(warps * r) as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        let (m32, rows, cols, grp, xs) = (m as u32, w.rows as u32, w.cols as u32, group_rows as u32, (groups * w.cols) as u32);
+        match (&w.f32_data, &w.fp8) {
+            (Some(f), _) => {
+                let mut l = self.stream.launch_builder(self.func(if m == 1 { "gemv_f32_t1" } else { "gemv_f32_t8" }));
+                l.arg(f).arg(x).arg(&mut out).arg(&m32).arg(&rows).arg(&cols).arg(&grp).arg(&xs);
+                unsafe { l.launch(cfg) }.map_err(dev)?;
+            }
+            (None, None) => {
+                let mut l = self.stream.launch_builder(self.func(GEMV_BF16[r.trailing_zeros() as usize][(m > 1) as usize]));
+                l.arg(&w.data).arg(x).arg(&mut out).arg(&m32).arg(&rows).arg(&cols).arg(&grp).arg(&xs);
+                unsafe { l.launch(cfg) }.map_err(dev)?;
+            }
+            (None, Some(f)) => {
+                let (sc_cols, br, bc) = (f.grid_cols(w.cols) as u32, f.block_rows as u32, f.block_cols as u32);
+                let mut l = self.stream.launch_builder(self.func(GEMV_FP8[r.trailing_zeros() as usize][(m > 1) as usize]));
+                l.arg(&f.bytes).arg(&f.scales).arg(&sc_cols).arg(&br).arg(&bc).arg(x).arg(&mut out).arg(&m32).arg(&rows).arg(&cols).arg(&grp).arg(&xs);
+                unsafe { l.launch(cfg) }.map_err(dev)?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// `silu(gate · x) * (up · x)` for a stacked `[2*inter, cols]` gate|up weight, on the
+    /// weight-streaming path (`gemv_fits`; not for f32 weights).
+    pub(crate) fn gemv_gated(&self, w: &CudaMatrix, x: &CudaSlice<f32>, m: usize, inter: usize) -> Result<CudaSlice<f32>> {
+        let mut out = self.out(m * inter)?;
+        let warps = (THREADS / crate::SUBGROUP) as usize;
+        let cfg = LaunchConfig { grid_dim: (inter.div_ceil(warps) as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        let (m32, i32_, cols) = (m as u32, inter as u32, w.cols as u32);
+        let t8 = m > 1;
         match &w.fp8 {
             None => {
-                let mut l = self.stream.launch_builder(self.func("gemv_bf16"));
-                l.arg(&w.data).arg(x).arg(&mut out).arg(&m32).arg(&rows).arg(&cols).arg(&grp).arg(&xs);
+                let mut l = self.stream.launch_builder(self.func(if t8 { "gemv_gated_bf16_t8" } else { "gemv_gated_bf16_t1" }));
+                l.arg(&w.data).arg(x).arg(&mut out).arg(&m32).arg(&i32_).arg(&cols);
                 unsafe { l.launch(cfg) }.map_err(dev)?;
             }
             Some(f) => {
                 let (sc_cols, br, bc) = (f.grid_cols(w.cols) as u32, f.block_rows as u32, f.block_cols as u32);
-                let mut l = self.stream.launch_builder(self.func("gemv_fp8"));
-                l.arg(&f.bytes).arg(&f.scales).arg(&sc_cols).arg(&br).arg(&bc).arg(x).arg(&mut out).arg(&m32).arg(&rows).arg(&cols).arg(&grp).arg(&xs);
+                let mut l = self.stream.launch_builder(self.func(if t8 { "gemv_gated_fp8_t8" } else { "gemv_gated_fp8_t1" }));
+                l.arg(&f.bytes).arg(&f.scales).arg(&sc_cols).arg(&br).arg(&bc).arg(x).arg(&mut out).arg(&m32).arg(&i32_).arg(&cols);
                 unsafe { l.launch(cfg) }.map_err(dev)?;
             }
         }

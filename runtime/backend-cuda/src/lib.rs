@@ -45,7 +45,8 @@ pub const KERNEL_SOURCE: &str = concat!(
     "\n",
     include_str!("../../../kernels/sample.cu"),
 );
-const KERNELS: &[&str] = &[
+/// Every kernel the backend loads by name (a missing one fails `CudaBackend::new`).
+pub const KERNELS: &[&str] = &[
     "cast_f32_bf16",
     "embed_bf16",
     "gather_rows",
@@ -58,15 +59,35 @@ const KERNELS: &[&str] = &[
     "mla_attention",
     "scatter_add_weighted",
     "fill_f32",
-    "gemv_bf16",
-    "gemv_fp8",
+    "gemv_bf16_r1_t1",
+    "gemv_bf16_r2_t1",
+    "gemv_bf16_r4_t1",
+    "gemv_fp8_r1_t1",
+    "gemv_fp8_r2_t1",
+    "gemv_fp8_r4_t1",
+    "gemv_bf16_r1_t8",
+    "gemv_bf16_r2_t8",
+    "gemv_bf16_r4_t8",
+    "gemv_fp8_r1_t8",
+    "gemv_fp8_r2_t8",
+    "gemv_fp8_r4_t8",
+    "gemv_gated_bf16_t1",
+    "gemv_gated_fp8_t1",
+    "gemv_gated_bf16_t8",
+    "gemv_gated_fp8_t8",
+    "gemv_f32_t1",
+    "gemv_f32_t8",
     "dequant_fp8_bf16",
     "moe_route",
     "moe_plan",
-    "moe_gate_up_bf16",
-    "moe_gate_up_fp8",
-    "moe_down_bf16",
-    "moe_down_fp8",
+    "moe_gate_up_bf16_t1",
+    "moe_gate_up_fp8_t1",
+    "moe_down_bf16_t1",
+    "moe_down_fp8_t1",
+    "moe_gate_up_bf16_t8",
+    "moe_gate_up_fp8_t8",
+    "moe_down_bf16_t8",
+    "moe_down_fp8_t8",
     "moe_combine",
     "mla_decode",
     "mla_combine",
@@ -181,6 +202,15 @@ fn keep_pool_memory(ctx: &CudaContext) {
     }
 }
 
+/// Compiles every kernel in `kernels/` with NVRTC for `arch` (e.g. "sm_90a"), as the backend
+/// does when it starts. Needs only NVRTC, no GPU (the compile test runs it for every target).
+pub fn compile_kernels(arch: &'static str) -> Result<cudarc::nvrtc::Ptx> {
+    let opts = cudarc::nvrtc::CompileOptions { arch: Some(arch), options: vec!["--std=c++17".into()], ..Default::default() };
+    std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(KERNEL_SOURCE, opts))
+        .map_err(|_| unavailable("NVRTC could not be loaded".into()))?
+        .map_err(|e| BackendError::Device(format!("compiling kernels/ for {arch}: {e}")))
+}
+
 impl CudaBackend {
     /// Opens device `ordinal`, compiles the kernels for it and creates the cuBLAS handle.
     /// Machines without the CUDA driver (or NVRTC/cuBLAS) get `Unavailable`, not a panic.
@@ -195,10 +225,7 @@ impl CudaBackend {
         let (major, minor) = ctx.compute_capability().map_err(dev)?;
         let arch = arch_name(major, minor);
         let device_name = ctx.name().unwrap_or_else(|_| "unknown".into());
-        let opts = cudarc::nvrtc::CompileOptions { arch: Some(arch), options: vec!["--std=c++17".into()], ..Default::default() };
-        let ptx = std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(KERNEL_SOURCE, opts))
-            .map_err(|_| unavailable("NVRTC could not be loaded".into()))?
-            .map_err(|e| BackendError::Device(format!("compiling kernels/weft.cu for {arch}: {e}")))?;
+        let ptx = compile_kernels(arch)?;
         let module = ctx.load_module(ptx).map_err(dev)?;
         let mut funcs = HashMap::new();
         for &k in KERNELS {
@@ -208,7 +235,11 @@ impl CudaBackend {
         let num_sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(dev)? as usize;
         let smem_optin = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).map_err(dev)? as usize;
         funcs["mla_decode"].set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_optin as i32).map_err(dev)?;
-        let stream = ctx.default_stream();
+        // A stream of the backend's own (the legacy default stream cannot be captured into a
+        // graph). Every buffer of this backend lives on this one stream, so cudarc's
+        // cross-stream event tracking would only add two events per launch argument.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(dev)?;
         keep_pool_memory(&ctx);
         let blas = std::panic::catch_unwind(|| CudaBlas::new(stream.clone())).map_err(|_| unavailable("cuBLAS could not be loaded".into()))?.map_err(dev)?;
         let poison = std::env::var("WEFT_CUDA_POISON").is_ok_and(|v| v == "1");
@@ -239,5 +270,19 @@ impl CudaBackend {
     /// Waits for everything queued on the backend's stream.
     pub fn synchronize(&self) -> Result<()> {
         self.stream.synchronize().map_err(dev)
+    }
+
+    /// Starts recording the backend's stream into a CUDA graph: ops called until
+    /// `end_capture` are recorded, not run. Every host array they take must already be on the
+    /// device (an upload-cache hit), since a host-to-device copy cannot be recorded.
+    pub fn begin_capture(&self) -> Result<()> {
+        self.stream.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(dev)
+    }
+
+    /// The graph recorded since `begin_capture`, instantiated; `launch()` replays it.
+    /// Buffers allocated while recording belong to the graph (same addresses every replay).
+    pub fn end_capture(&self) -> Result<cudarc::driver::CudaGraph> {
+        let flags = cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
+        self.stream.end_capture(flags).map_err(dev)?.ok_or_else(|| BackendError::Device("the capture recorded nothing".into()))
     }
 }

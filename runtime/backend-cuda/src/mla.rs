@@ -13,14 +13,15 @@ const THREADS: u32 = 256;
 
 impl CudaBackend {
     fn mla_smem(&self, width: usize, hg: usize) -> usize {
-        (hg * width + TILE * (width + 1) + HEAD_GROUP * TILE + 3 * HEAD_GROUP) * 4
+        (hg * width + TILE * (width + 4) + HEAD_GROUP * TILE + 3 * HEAD_GROUP) * 4
     }
 
     /// Whether the split kernel takes this shape (heads split into equal groups of at most 16,
-    /// latent ≤ 2 × threads, tiles fit in shared memory).
+    /// latent ≤ 2 × threads, latent and rope widths in whole float4s, tiles fit in shared
+    /// memory).
     pub(crate) fn mla_split_fits(&self, pool: &CudaKvPool, heads: usize) -> bool {
-        let hg = heads.min(HEAD_GROUP);
-        !self.slow_paths && heads % hg == 0 && pool.layout.latent_dim <= 2 * THREADS as usize && self.mla_smem(pool.layout.width(), hg) <= self.smem_optin
+        let (hg, l) = (heads.min(HEAD_GROUP), pool.layout);
+        !self.slow_paths && heads % hg == 0 && l.latent_dim <= 2 * THREADS as usize && l.latent_dim % 4 == 0 && l.rope_dim % 4 == 0 && self.mla_smem(l.width(), hg) <= self.smem_optin
     }
 
     /// `bt`/`off`/`ctx` are the concatenated block tables, their offsets and visible lengths.
@@ -50,7 +51,9 @@ impl CudaBackend {
         let ns = nsplit as u32;
         let mut b = self.stream.launch_builder(self.func("mla_combine"));
         b.arg(&o_part).arg(&ml_part).arg(&mut out).arg(&ns).arg(&lat);
-        unsafe { b.launch(LaunchConfig { grid_dim: ((rows.len() * heads) as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }) }.map_err(dev)?;
+        // Shared memory: the block's reduction scratch, then one weight per split.
+        let smem = ((THREADS as usize + nsplit) * 4) as u32;
+        unsafe { b.launch(LaunchConfig { grid_dim: ((rows.len() * heads) as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: smem }) }.map_err(dev)?;
         Ok(out)
     }
 }

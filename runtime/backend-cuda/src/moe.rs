@@ -130,12 +130,12 @@ impl CudaBackend {
         let grid = |rows: usize| LaunchConfig { grid_dim: ((maxa * rows.div_ceil(warps)) as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
         match tables.fp8 {
             None => {
-                let mut l = self.stream.launch_builder(self.func("moe_gate_up_bf16"));
+                let mut l = self.stream.launch_builder(self.func(if m == 1 { "moe_gate_up_bf16_t1" } else { "moe_gate_up_bf16_t8" }));
                 l.arg(&tables.gate_up).arg(&plan).arg(&maxa32).arg(x).arg(&mut h).arg(&k32).arg(&h32).arg(&i32_);
                 unsafe { l.launch(grid(inter)) }.map_err(dev)?;
             }
             Some([(scc, br, bc), _]) => {
-                let mut l = self.stream.launch_builder(self.func("moe_gate_up_fp8"));
+                let mut l = self.stream.launch_builder(self.func(if m == 1 { "moe_gate_up_fp8_t1" } else { "moe_gate_up_fp8_t8" }));
                 l.arg(&tables.gate_up).arg(&tables.gate_up_sc).arg(&scc).arg(&br).arg(&bc).arg(&plan).arg(&maxa32).arg(x).arg(&mut h).arg(&k32).arg(&h32).arg(&i32_);
                 unsafe { l.launch(grid(inter)) }.map_err(dev)?;
             }
@@ -143,12 +143,12 @@ impl CudaBackend {
         let mut y = self.out(n * hidden)?;
         match tables.fp8 {
             None => {
-                let mut l = self.stream.launch_builder(self.func("moe_down_bf16"));
+                let mut l = self.stream.launch_builder(self.func(if m == 1 { "moe_down_bf16_t1" } else { "moe_down_bf16_t8" }));
                 l.arg(&tables.down).arg(&plan).arg(&maxa32).arg(&h).arg(&mut y).arg(&h32).arg(&i32_);
                 unsafe { l.launch(grid(hidden)) }.map_err(dev)?;
             }
             Some([_, (scc, br, bc)]) => {
-                let mut l = self.stream.launch_builder(self.func("moe_down_fp8"));
+                let mut l = self.stream.launch_builder(self.func(if m == 1 { "moe_down_fp8_t1" } else { "moe_down_fp8_t8" }));
                 l.arg(&tables.down).arg(&tables.down_sc).arg(&scc).arg(&br).arg(&bc).arg(&plan).arg(&maxa32).arg(&h).arg(&mut y).arg(&h32).arg(&i32_);
                 unsafe { l.launch(grid(hidden)) }.map_err(dev)?;
             }

@@ -227,10 +227,11 @@ impl Backend for CudaBackend {
             return Err(shape("embed", "an fp8 embedding table (kept bf16 at load)".into()));
         }
         let d = table.cols as u32;
-        let idb = self.up_u32(ids)?;
+        let idb = self.cached_u32(ids)?;
+        let idb = &*idb;
         let mut out = self.out(ids.len() * table.cols)?;
         let mut l = self.stream.launch_builder(self.func("embed_bf16"));
-        l.arg(&table.data).arg(&idb).arg(&mut out).arg(&d);
+        l.arg(&table.data).arg(idb).arg(&mut out).arg(&d);
         unsafe { l.launch(cfg(ids.len(), 0)) }.map_err(dev)?;
         Ok(out)
     }
@@ -315,6 +316,18 @@ impl Backend for CudaBackend {
         l.arg(gate_up).arg(&mut out).arg(&i);
         unsafe { l.launch(cfg(m, 0)) }.map_err(dev)?;
         Ok(out)
+    }
+
+    fn gated_up(&self, x: &CudaSlice<f32>, gate_up: &CudaMatrix, inter: usize) -> Result<CudaSlice<f32>> {
+        let m = check_rows("gated_up", self.len(x), gate_up.cols)?;
+        if gate_up.rows != 2 * inter {
+            return Err(shape("gated_up", format!("{} rows are not gate|up of {inter}", gate_up.rows)));
+        }
+        if self.gemv_fits(gate_up, m) && gate_up.f32_data.is_none() {
+            return self.gemv_gated(gate_up, x, m, inter);
+        }
+        let gu = self.linear(x, gate_up)?;
+        self.silu_mul(&gu, inter)
     }
 
     fn mla_split_rope_q(&self, q: &CudaSlice<f32>, heads: usize, nope: usize, rope_dim: usize, positions: &[u32], rope: &RopeParams) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {

@@ -11,7 +11,7 @@ fn run_emulated(test: &str) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels/emu");
     let exe = std::env::temp_dir().join(format!("weft-{test}-{}", std::process::id()));
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-    let built = Command::new(&cxx).args(["-std=c++20", "-O2", "-pthread", "-o"]).arg(&exe).arg(dir.join(format!("{test}.cpp"))).output();
+    let built = Command::new(&cxx).args(["-std=c++20", "-O2", "-fno-strict-aliasing", "-pthread", "-o"]).arg(&exe).arg(dir.join(format!("{test}.cpp"))).output();
     match built {
         Err(e) => {
             let _ = writeln!(std::io::stderr(), "SKIPPED (no C++ compiler `{cxx}`: {e})");

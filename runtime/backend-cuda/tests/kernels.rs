@@ -152,6 +152,21 @@ fn dense_ops_match_cpu() {
         let got = g.download(&g.head_linear(&g.upload(&xin).unwrap(), 16, &g.upload_matrix(&wm).unwrap()).unwrap()).unwrap();
         check(&format!("gemv head_linear m={mm}"), &got, &c.head_linear(&xin, 16, &c.upload_matrix(&wm).unwrap()).unwrap(), 1e-5);
     }
+    // Tall matrices take 2 or 4 rows per sub-group (lm_head-like; the row count leaves a
+    // partial last group), the router gate its f32 kernel, at one and at several rows.
+    for mm in [1usize, 5] {
+        let wm = bf16_matrix(&mut r, 9003, 256, 0.05);
+        let xin = r.vec(mm * 256, 1.0);
+        let got = g.download(&g.linear(&g.upload(&xin).unwrap(), &g.upload_matrix(&wm).unwrap()).unwrap()).unwrap();
+        check(&format!("gemv bf16 tall m={mm}"), &got, &c.linear(&xin, &c.upload_matrix(&wm).unwrap()).unwrap(), 1e-5);
+        let wm = fp8_matrix(&mut r, 9003, 512);
+        let xin = r.vec(mm * 512, 1.0);
+        let got = g.download(&g.linear(&g.upload(&xin).unwrap(), &g.upload_matrix(&wm).unwrap()).unwrap()).unwrap();
+        check(&format!("gemv fp8 tall m={mm}"), &got, &c.linear(&xin, &c.upload_matrix(&wm).unwrap()).unwrap(), 1e-5);
+        let xin = r.vec(mm * hidden, 1.0);
+        let got = g.download(&g.linear(&g.upload(&xin).unwrap(), &g.upload_matrix(&gate).unwrap()).unwrap()).unwrap();
+        check(&format!("gemv router (f32) m={mm}"), &got, &c.linear(&xin, &c.upload_matrix(&gate).unwrap()).unwrap(), 1e-5);
+    }
     // fp8 block-scaled weights (Kimi-K2 attention shapes, partial last blocks): read as fp8 for
     // small batches, through a bf16 copy and cuBLAS for large ones.
     for (mm, tol) in [(1usize, 1e-5), (5, 1e-5), (40, GEMM_TOL)] {
@@ -159,6 +174,17 @@ fn dense_ops_match_cpu() {
         let xin = r.vec(mm * 7168, 1.0);
         let got = g.download(&g.linear(&g.upload(&xin).unwrap(), &g.upload_matrix(&wm).unwrap()).unwrap()).unwrap();
         check(&format!("linear fp8 m={mm}"), &got, &c.linear(&xin, &c.upload_matrix(&wm).unwrap()).unwrap(), tol);
+    }
+    // gate|up with the activation fused (weight-streaming for a few rows, GEMM + silu_mul beyond)
+    for (mm, tol) in [(1usize, 1e-5), (5, 1e-5), (40, GEMM_TOL)] {
+        let wm = bf16_matrix(&mut r, 2 * 1408, 2048, 0.05);
+        let xin = r.vec(mm * 2048, 1.0);
+        let got = g.download(&g.gated_up(&g.upload(&xin).unwrap(), &g.upload_matrix(&wm).unwrap(), 1408).unwrap()).unwrap();
+        check(&format!("gated_up bf16 m={mm}"), &got, &c.gated_up(&xin, &c.upload_matrix(&wm).unwrap(), 1408).unwrap(), tol);
+        let wm = fp8_matrix(&mut r, 2 * 1088, 1024);
+        let xin = r.vec(mm * 1024, 1.0);
+        let got = g.download(&g.gated_up(&g.upload(&xin).unwrap(), &g.upload_matrix(&wm).unwrap(), 1088).unwrap()).unwrap();
+        check(&format!("gated_up fp8 m={mm}"), &got, &c.gated_up(&xin, &c.upload_matrix(&wm).unwrap(), 1088).unwrap(), tol);
     }
     let gu = r.vec(m * 2 * 1408, 4.0);
     check("silu_mul", &g.download(&g.silu_mul(&g.upload(&gu).unwrap(), 1408).unwrap()).unwrap(), &c.silu_mul(&gu, 1408).unwrap(), F32_TOL);
@@ -282,11 +308,11 @@ fn moe_decode_path_matches_cpu() {
         check_moe(&g, &c, &mut r, &cfg, &experts, m, hidden, &format!("moe device bf16 m={m}"), 1e-4);
     }
     // fp8 experts at Kimi-K2 widths (hidden 7168, inter 2048), 8 of 24 experts, no groups;
-    // m = 3 stays on the device, m = 40 takes host routing and dequantized GEMMs.
+    // m = 1 and 3 stay on the device, m = 40 takes host routing and dequantized GEMMs.
     let (hidden, inter, e) = (7168, 2048, 24);
     let cfg = RouterConfig { n_experts: e, top_k: 8, n_group: 1, topk_group: 1, norm_topk_prob: true, routed_scaling_factor: 2.827 };
     let experts = experts_on_both(&g, &c, &mut r, e, hidden, inter, fp8_matrix);
-    for (m, tol) in [(3usize, 1e-4), (40, GEMM_TOL)] {
+    for (m, tol) in [(1usize, 1e-4), (3, 1e-4), (40, GEMM_TOL)] {
         check_moe(&g, &c, &mut r, &cfg, &experts, m, hidden, &format!("moe fp8 m={m}"), tol);
     }
 }

@@ -130,6 +130,12 @@ pub trait Backend: Send + Sync + 'static {
     fn add_inplace(&self, x: &mut Self::Buf, y: &Self::Buf) -> Result<()>;
     /// `[m, 2*inter]` (gate | up) → `[m, inter]`, `silu(gate) * up`.
     fn silu_mul(&self, gate_up: &Self::Buf, inter: usize) -> Result<Self::Buf>;
+    /// `silu(x · gateᵀ) * (x · upᵀ)` for a stacked `[2*inter, k]` gate|up weight: `linear` then
+    /// `silu_mul`, unless a backend fuses the two (one pass, no `[m, 2*inter]` intermediate).
+    fn gated_up(&self, x: &Self::Buf, gate_up: &Self::Matrix, inter: usize) -> Result<Self::Buf> {
+        let gu = self.linear(x, gate_up)?;
+        self.silu_mul(&gu, inter)
+    }
 
     // ---- MLA ----
     /// Splits `q` `[m, heads, nope + rope]` into `q_nope [m, heads, nope]` and roped

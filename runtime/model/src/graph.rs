@@ -103,8 +103,7 @@ impl<B: Backend> DeepseekV3<B> {
     fn feed_forward(&self, lw: &LayerWeights<B>, x: &B::Buf) -> Result<B::Buf> {
         let be = &self.backend;
         let mlp = |w: &weft_backend::ExpertWeights<B::Matrix>| -> Result<B::Buf> {
-            let gu = be.linear(x, &w.gate_up)?;
-            let hid = be.silu_mul(&gu, w.inter)?;
+            let hid = be.gated_up(x, &w.gate_up, w.inter)?;
             be.linear(&hid, &w.down)
         };
         match &lw.ffn {
