@@ -4,12 +4,4 @@
 # is left as it is. Prints the venv's python path.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-venv="$root/.venv-e2e"
-req="$root/tests/e2e/requirements.txt"
-stamp="$venv/.requirements"
-if [ ! -x "$venv/bin/python" ] || ! cmp -s "$req" "$stamp"; then
-    python3 -m venv "$venv" >&2
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req" >&2
-    cp "$req" "$stamp"
-fi
-echo "$venv/bin/python"
+exec bash "$root/scripts/setup-venv.sh" "$root/.venv-e2e" "$root/tests/e2e/requirements.txt"
