@@ -57,7 +57,11 @@ __device__ __forceinline__ float lane_xor(float v, int o) { return __shfl_xor_sy
 // A 16-byte load of data read once (streamed weights): past L1, so the activations every block
 // shares keep it.
 #if defined(__HIPCC_RTC__) || defined(__HIP_DEVICE_COMPILE__)
-__device__ __forceinline__ uint4 ld_stream(const uint4* p) { return __builtin_nontemporal_load(p); }
+typedef unsigned int weft_u32x4 __attribute__((ext_vector_type(4)));
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+    weft_u32x4 v = __builtin_nontemporal_load((const weft_u32x4*)p);
+    return make_uint4(v.x, v.y, v.z, v.w);
+}
 #else
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     uint4 r;
