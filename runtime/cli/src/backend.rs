@@ -16,11 +16,16 @@ fn ordinal(device: &str) -> Result<usize> {
     }
 }
 
+/// A CUDA backend on `--device cuda:N` (an error where there is none).
+pub fn cuda(device: &str) -> Result<CudaBackend> {
+    Ok(CudaBackend::new(ordinal(device)?)?)
+}
+
 /// `auto` takes CUDA when a device and its libraries are there, else the CPU (saying why).
 pub fn choose(backend: &str, device: &str) -> Result<Chosen> {
     match backend {
         "cpu" => Ok(Chosen::Cpu(CpuBackend::new())),
-        "cuda" => Ok(Chosen::Cuda(CudaBackend::new(ordinal(device)?)?)),
+        "cuda" => Ok(Chosen::Cuda(cuda(device)?)),
         "auto" => match CudaBackend::new(ordinal(device)?) {
             Ok(b) => Ok(Chosen::Cuda(b)),
             Err(e) => {

@@ -109,10 +109,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let device = a.device.clone();
     match chosen {
         Chosen::Cpu(b) => run_on(a, b, what, || Ok(weft_backend::cpu::CpuBackend::new())),
-        Chosen::Cuda(b) => run_on(a, b, what, move || match crate::backend::choose("cuda", &device)? {
-            Chosen::Cuda(b) => Ok(b),
-            Chosen::Cpu(_) => unreachable!("choose(\"cuda\") gives CUDA or an error"),
-        }),
+        Chosen::Cuda(b) => run_on(a, b, what, move || crate::backend::cuda(&device)),
     }
 }
 

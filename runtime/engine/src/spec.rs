@@ -219,24 +219,23 @@ pub fn verify<B: Backend>(logits: &mut StepLogits<B>, registry: &Registry, jobs:
         uniforms: uniforms(job),
         greedy: job.greedy,
     };
-    let mut steps = vec![];
-    let mut oracle: Vec<(usize, Result<(usize, u32), String>)> = vec![];
+    // Every entry is set below: a target error, an oracle verdict, or the verifier's answer.
+    let mut result: Vec<Result<(usize, u32), String>> = vec![Err(String::new()); jobs.len()];
+    // Round 1: targets from the step's candidates. Oracle jobs are decided here; the rest go to
+    // the verifier plugin in one batch call.
+    let mut pending: Vec<(usize, DraftStep)> = vec![];
     for (i, job) in jobs.iter().enumerate() {
         match targets(logits, job, fronts, &mut outs, base, false) {
-            Ok(t) => {
-                if let Some(a) = job.oracle {
+            Err(e) => result[i] = Err(e),
+            Ok(t) => match job.oracle {
+                Some(a) => {
                     let n = oracle_accepts(job.seed, job.position, job.drafts.len(), a);
-                    oracle.push((i, t[n].ids.first().map(|&t| (n, t)).ok_or_else(|| "no target candidate".to_string())));
-                    steps.push(Err("oracle".into()));
-                } else {
-                    steps.push(Ok(step(job, t)));
+                    result[i] = t[n].ids.first().map(|&t| (n, t)).ok_or_else(|| "no target candidate".to_string());
                 }
-            }
-            Err(e) => steps.push(Err(e)),
+                None => pending.push((i, step(job, t))),
+            },
         }
     }
-    let ready: Vec<usize> = (0..jobs.len()).filter(|&i| steps[i].is_ok()).collect();
-    let batch: Vec<DraftStep> = ready.iter().map(|&i| steps[i].as_ref().unwrap().clone()).collect();
     let resolved = registry.resolve(PluginKind::Verifier, None);
     let call = |batch: &[DraftStep]| -> Vec<Verdict> {
         match &resolved {
@@ -247,28 +246,28 @@ pub fn verify<B: Backend>(logits: &mut StepLogits<B>, registry: &Registry, jobs:
             Err(_) => batch.iter().map(native::verify).collect(),
         }
     };
-    let verdicts = call(&batch);
-    let mut result: Vec<Result<(usize, u32), String>> = steps.iter().map(|s| Err(s.as_ref().err().cloned().unwrap_or_default())).collect();
+    let (idx, batch): (Vec<usize>, Vec<DraftStep>) = pending.into_iter().unzip();
     let mut again = vec![];
-    for (&i, v) in ready.iter().zip(verdicts) {
-        match v {
-            Verdict::Accept((n, t)) => result[i] = Ok((n as usize, t)),
-            Verdict::FullVocabulary => again.push(i),
-        }
-    }
-    for (i, r) in oracle {
-        result[i] = r;
-    }
-    if !again.is_empty() {
-        let mut batch = vec![];
-        for &i in &again {
-            match targets(logits, &jobs[i], fronts, &mut outs, base, true) {
-                Ok(t) => batch.push(step(&jobs[i], t)),
-                Err(e) => result[i] = Err(e),
+    if !batch.is_empty() {
+        for (i, v) in idx.into_iter().zip(call(&batch)) {
+            match v {
+                Verdict::Accept((n, t)) => result[i] = Ok((n as usize, t)),
+                Verdict::FullVocabulary => again.push(i),
             }
         }
-        let ok: Vec<usize> = again.iter().copied().filter(|&i| result[i].as_ref().is_err_and(|e| e.is_empty())).collect();
-        for (&i, (s, v)) in ok.iter().zip(batch.iter().zip(call(&batch))) {
+    }
+    // Round 2: complete distributions for the jobs the verifier asked them for; a verifier that
+    // asks again gets the native (lossless) verification.
+    let mut pending: Vec<(usize, DraftStep)> = vec![];
+    for i in again {
+        match targets(logits, &jobs[i], fronts, &mut outs, base, true) {
+            Ok(t) => pending.push((i, step(&jobs[i], t))),
+            Err(e) => result[i] = Err(e),
+        }
+    }
+    let (idx, batch): (Vec<usize>, Vec<DraftStep>) = pending.into_iter().unzip();
+    if !batch.is_empty() {
+        for ((i, s), v) in idx.into_iter().zip(&batch).zip(call(&batch)) {
             let v = match v {
                 Verdict::FullVocabulary => native::verify(s),
                 v => v,
