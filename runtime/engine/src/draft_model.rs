@@ -44,12 +44,15 @@ impl<B: Backend> DraftModel<B> {
         self.lm.model.cfg.vocab_size
     }
 
-    /// Forgets every sequence `live` does not keep (finished, aborted, preempted), freeing its
-    /// pages; a preempted sequence catches up from the start when it drafts again.
-    pub fn retain(&mut self, live: impl Fn(u64) -> bool) {
-        let gone: Vec<u64> = self.seqs.keys().copied().filter(|&id| !live(id)).collect();
-        for id in gone {
-            let s = self.seqs.remove(&id).unwrap();
+    /// Pages of the draft model's cache held by sequences (0 when every one was forgotten).
+    pub fn pages_held(&self) -> usize {
+        self.pool.capacity() - self.pool.free_pages()
+    }
+
+    /// Forgets sequence `id` (finished, failed, aborted or preempted), freeing its pages; a
+    /// preempted sequence catches up from the start when it drafts again.
+    pub fn forget(&mut self, id: u64) {
+        if let Some(s) = self.seqs.remove(&id) {
             self.pool.release_all(&s.pages);
         }
     }

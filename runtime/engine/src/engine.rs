@@ -67,6 +67,8 @@ pub struct EngineStats {
     pub spec_accepted: u64,
     /// The drafter's name ("" when speculative decoding is off).
     pub spec_drafter: &'static str,
+    /// Pages of the draft model's own cache in use (draft-model speculation only).
+    pub draft_pages_held: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -317,12 +319,21 @@ impl<B: Backend> StepLoop<B> {
             prefix_hit_tokens: self.pool.prefix_hit_tokens,
             prefix_query_tokens: self.pool.prefix_query_tokens,
             spec_drafter: self.cfg.spec.as_ref().map_or("", |c| c.drafter.name()),
+            draft_pages_held: self.draft_model.as_ref().map_or(0, |d| d.pages_held()),
             ..self.counters.clone()
         };
     }
 
+    /// The draft model's copy of a sequence goes wherever the engine frees the sequence's pages.
+    fn forget_draft(&mut self, id: u64) {
+        if let Some(dm) = &mut self.draft_model {
+            dm.forget(id);
+        }
+    }
+
     fn fail(&mut self, seq: Seq, message: String, kind: ErrorKind) {
         self.pool.release_all(&seq.pages);
+        self.forget_draft(seq.id);
         self.counters.failed += 1;
         let _ = seq.tx.send(Event::Error { message, kind });
     }
@@ -330,6 +341,7 @@ impl<B: Backend> StepLoop<B> {
     fn preempt(&mut self, i: usize) {
         let mut s = self.running.remove(i);
         self.pool.release_all(&s.pages);
+        self.forget_draft(s.id);
         s.pages.clear();
         s.page_hashes.clear();
         s.computed = 0;
@@ -341,11 +353,12 @@ impl<B: Backend> StepLoop<B> {
     fn step(&mut self) {
         // 1. Aborted requests (client gone) free their pages at once.
         let before = self.running.len() + self.waiting.len();
-        let mut dropped = vec![];
+        let (mut dropped, mut dropped_ids) = (vec![], vec![]);
         self.running.retain(|s| {
             let keep = !s.tx.is_closed();
             if !keep {
                 dropped.extend(s.pages.iter().copied());
+                dropped_ids.push(s.id);
             }
             keep
         });
@@ -357,6 +370,9 @@ impl<B: Backend> StepLoop<B> {
             keep
         });
         self.pool.release_all(&dropped);
+        for id in dropped_ids {
+            self.forget_draft(id);
+        }
         self.counters.aborted += (before - self.running.len() - self.waiting.len()) as u64;
 
         self.admit();
@@ -456,8 +472,6 @@ impl<B: Backend> StepLoop<B> {
             };
         }
         if let Some(dm) = &mut self.draft_model {
-            let live: std::collections::HashSet<u64> = self.running.iter().map(|s| s.id).collect();
-            dm.retain(|id| live.contains(&id));
             let reqs: Vec<DraftRequest> = wanted.iter().map(|&(i, k)| DraftRequest { id: self.running[i].id, tokens: &self.running[i].tokens, k }).collect();
             let drafts = dm.draft(&reqs, self.cfg.token_budget);
             for (&(i, _), d) in wanted.iter().zip(drafts) {

@@ -51,6 +51,7 @@ fn run(cfg: EngineConfig, reqs: &[GenerationRequest]) -> (Vec<(Vec<u32>, String,
     wait_idle(&engine);
     let stats = engine.stats();
     assert_eq!(stats.free_pages, stats.total_pages, "pages leaked: {stats:?}");
+    assert_eq!(stats.draft_pages_held, 0, "the draft model kept pages of finished sequences: {stats:?}");
     (out, stats)
 }
 

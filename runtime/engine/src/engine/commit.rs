@@ -103,6 +103,7 @@ impl<B: Backend> StepLoop<B> {
                 (Some(r), _) => {
                     let tail = if r == FinishReason::Length { s.stop.flush() } else { String::new() };
                     self.pool.release_all(&s.pages);
+                    self.forget_draft(s.id);
                     self.counters.finished += 1;
                     let _ = s.tx.send(Event::Finished { reason: r, prompt_tokens: s.prompt_len, completion_tokens: s.generated(), cached_tokens: s.cached_tokens, text_tail: tail });
                 }
