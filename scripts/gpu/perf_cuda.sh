@@ -33,9 +33,9 @@ timeout 60 .device/gpu_bench $KIMI --dummy --prompt 1024 --gen 64 | tail -1
 fi
 if [[ " $STEPS " == *" roofline "* ]]; then
 echo "== roofline: Moonlight-shaped"
-timeout 120 .device/roofline $MOON --dummy --batch 1,8,32,64,128 --ctx 1024,4096,32768 --prefill 1024,4096 2>&1 | tee "$OUT/roofline-moonlight.md"
+timeout 400 .device/roofline $MOON --dummy --batch 1,8,32,64,128 --ctx 1024,4096,32768 --prefill 1024,4096 2>&1 | tee "$OUT/roofline-moonlight.md"
 echo "== roofline: Kimi-K2 slice (fp8)"
-timeout 60 .device/roofline $KIMI --dummy --batch 1,8,64 --ctx 1024,4096 --prefill 1024 2>&1 | tee "$OUT/roofline-kimi.md"
+timeout 200 .device/roofline $KIMI --dummy --batch 1,8,64 --ctx 1024,4096 --prefill 1024 2>&1 | tee "$OUT/roofline-kimi.md"
 fi
 # weft serve + weft bench serve (random 1024-token prompts, 400 output tokens, ignore_eos).
 serve_bench() { # model port concurrency-list waves timeout-seconds

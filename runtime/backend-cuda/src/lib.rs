@@ -164,6 +164,8 @@ pub struct CudaBackend {
     pub smem_optin: usize,
     uploads: uploads::UploadCache,
     expert_tables: Mutex<HashMap<u64, Arc<moe::ExpertTables>>>,
+    /// Between `begin_capture` and `end_capture`: host copies are refused (see `no_capture`).
+    capturing: std::sync::atomic::AtomicBool,
 }
 
 fn dev(e: impl std::fmt::Debug) -> BackendError {
@@ -260,6 +262,7 @@ impl CudaBackend {
             smem_optin,
             uploads: uploads::UploadCache::default(),
             expert_tables: Mutex::new(HashMap::new()),
+            capturing: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -276,12 +279,26 @@ impl CudaBackend {
     /// `end_capture` are recorded, not run. Every host array they take must already be on the
     /// device (an upload-cache hit), since a host-to-device copy cannot be recorded.
     pub fn begin_capture(&self) -> Result<()> {
-        self.stream.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(dev)
+        self.stream.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(dev)?;
+        self.capturing.store(true, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// An error for an op that must copy between host and device while a graph is being
+    /// recorded. Such a copy would be recorded with the address of a temporary host buffer and
+    /// replayed into (or from) freed memory, and a host decision made on its data (MoE routing
+    /// of large batches) would be frozen into the graph — so those steps cannot be graphs.
+    pub(crate) fn no_capture(&self, what: &str) -> Result<()> {
+        if self.capturing.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(BackendError::Device(format!("{what} copies between host and device and cannot be recorded into a CUDA graph")));
+        }
+        Ok(())
     }
 
     /// The graph recorded since `begin_capture`, instantiated; `launch()` replays it.
     /// Buffers allocated while recording belong to the graph (same addresses every replay).
     pub fn end_capture(&self) -> Result<cudarc::driver::CudaGraph> {
+        self.capturing.store(false, std::sync::atomic::Ordering::Relaxed);
         let flags = cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
         self.stream.end_capture(flags).map_err(dev)?.ok_or_else(|| BackendError::Device("the capture recorded nothing".into()))
     }

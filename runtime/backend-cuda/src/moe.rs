@@ -96,6 +96,7 @@ impl CudaBackend {
         if let Some(t) = cache.get(&key).filter(|t| t.ptrs == ptrs) {
             return Ok(t.clone());
         }
+        self.no_capture("the experts' pointer tables")?;
         let col = |i: usize| -> Result<CudaSlice<u64>> { self.stream.clone_htod(&ptrs.iter().skip(i).step_by(4).take(experts.len()).copied().collect::<Vec<u64>>()).map_err(dev) };
         let t = Arc::new(ExpertTables { gate_up: col(0)?, gate_up_sc: col(1)?, down: col(2)?, down_sc: col(3)?, fp8, ptrs });
         if cache.len() > 4096 {

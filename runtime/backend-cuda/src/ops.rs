@@ -79,6 +79,7 @@ impl CudaBackend {
     }
 
     pub(crate) fn up_u32(&self, v: &[u32]) -> Result<CudaSlice<u32>> {
+        self.no_capture("an upload")?;
         if v.is_empty() {
             return self.stream.alloc_zeros::<u32>(1).map_err(dev);
         }
@@ -86,6 +87,7 @@ impl CudaBackend {
     }
 
     pub(crate) fn up_f32(&self, v: &[f32]) -> Result<CudaSlice<f32>> {
+        self.no_capture("an upload")?;
         self.stream.clone_htod(v).map_err(dev)
     }
 
@@ -192,6 +194,7 @@ impl Backend for CudaBackend {
     }
 
     fn download(&self, buf: &CudaSlice<f32>) -> Result<Vec<f32>> {
+        self.no_capture("a download")?;
         self.stream.clone_dtoh(buf).map_err(dev)
     }
 

@@ -46,6 +46,7 @@ impl CudaBackend {
         let mut l = self.stream.launch_builder(self.func("front_topk"));
         l.arg(&*logits).arg(&ks_d).arg(&scales_d).arg(&off_d).arg(&mut out).arg(&v);
         unsafe { l.launch(LaunchConfig { grid_dim: (rows.len() as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: smem }) }.map_err(dev)?;
+        self.no_capture("the sampling front end's candidates")?;
         let host = self.stream.clone_dtoh(&out).map_err(dev)?;
         Ok(rows
             .iter()

@@ -34,6 +34,7 @@ impl CudaBackend {
         if let Some(hit) = map.get(&key).and_then(|b| b.iter().find(|e| e.0 == v)) {
             return Ok(hit.1.clone());
         }
+        self.no_capture("an upload-cache miss")?;
         if map.values().map(Vec::len).sum::<usize>() >= MAX_ENTRIES {
             // Freed in stream order: kernels already queued with these buffers still see them.
             map.clear();

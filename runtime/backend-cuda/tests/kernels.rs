@@ -429,6 +429,33 @@ fn bad_arguments_are_errors_not_crashes() {
     assert!(g.embed(&t, &[4]).is_err());
 }
 
+/// A step recorded into a CUDA graph replays its kernels; one that copies between host and
+/// device while recording is refused (a recorded copy would replay into freed host memory),
+/// and the backend keeps working after the refusal.
+#[test]
+fn graph_capture_replays_kernels_and_refuses_host_copies() {
+    let Some(g) = gpu() else { return };
+    let x = g.upload(&[3.0; 2048]).unwrap();
+    let w = g.upload(&[0.5; 2048]).unwrap();
+    g.begin_capture().unwrap();
+    let y = g.rms_norm(&x, 2048, &w, 1e-6).unwrap();
+    let graph = g.end_capture().unwrap();
+    graph.launch().unwrap();
+    g.synchronize().unwrap();
+    let got = g.download(&y).unwrap();
+    assert!(got.iter().all(|&v| (v - 0.5).abs() < 1e-5), "replayed rms_norm: {:?}", &got[..4]);
+    std::mem::forget(y); // graph-owned memory
+    g.begin_capture().unwrap();
+    let refused = g.download(&x);
+    let _ = g.end_capture();
+    assert!(refused.is_err_and(|e| e.to_string().contains("CUDA graph")));
+    g.begin_capture().unwrap();
+    let refused = g.upload(&[1.0; 4]);
+    let _ = g.end_capture();
+    assert!(refused.is_err());
+    assert_eq!(g.download(&x).unwrap()[0], 3.0, "the backend works after a refused capture");
+}
+
 fn golden_dir() -> PathBuf {
     // The repository root when run from it (the device machine), else relative to this crate.
     let here = Path::new("tests/golden");
