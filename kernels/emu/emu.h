@@ -2,7 +2,8 @@
 // thread of a block, a std::barrier for __syncthreads, blocks one after another, and the
 // block's shared memory filled with NaN before each block — so a kernel that reads shared
 // memory it did not write shows NaN here instead of passing by luck on a GPU. Sub-group
-// shuffles are not emulated: kernels using them (gemv.cu, moe.cu) are tested on the GPU only.
+// shuffles are not emulated: kernels using them (gemv.cu, moe.cu, the norms in weft.cu) are
+// tested on the GPU only.
 #pragma once
 #include <algorithm>
 #include <barrier>

@@ -16,10 +16,7 @@ pub fn name_hash(name: &str, seed: u64) -> u64 {
 
 /// Element `i` of stream `h`: uniform in [-1, 1) (splitmix64 finaliser, 24 bits).
 pub fn value(h: u64, i: u64) -> f32 {
-    let mut z = h.wrapping_add(i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
+    let z = crate::rng::mix64(h.wrapping_add(i.wrapping_mul(crate::rng::GOLDEN_GAMMA)));
     (z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
 }
 

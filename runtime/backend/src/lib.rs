@@ -8,6 +8,7 @@ pub mod cpu;
 pub mod dtype;
 pub mod dummy;
 pub mod front;
+pub mod rng;
 
 pub use dtype::{BlockScales, HostMatrix, WeightDtype};
 

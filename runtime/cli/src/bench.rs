@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use weft_backend::rng::splitmix64;
 
 #[derive(Args)]
 pub struct BenchServeArgs {
@@ -78,14 +79,6 @@ struct Record {
     itl: Vec<f64>,
     out_tokens: usize,
     in_tokens: usize,
-}
-
-fn splitmix(x: &mut u64) -> u64 {
-    *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *x;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 fn one_request(agent: &ureq::Agent, url: &str, body: &Value, in_tokens: usize) -> Record {
@@ -164,9 +157,9 @@ fn run_level(a: &BenchServeArgs, model: &str, c: usize) -> Value {
     let bodies: Vec<Value> = (0..n)
         .map(|_| {
             let block = if a.prompt_style == "repeat" { a.repeat_block.clamp(1, a.input_len) } else { a.input_len };
-            let fresh: Vec<u32> = (0..block).map(|_| 100 + (splitmix(&mut rng) % (a.vocab_size.max(101) as u64 - 100)) as u32).collect();
+            let fresh: Vec<u32> = (0..block).map(|_| 100 + (splitmix64(&mut rng) % (a.vocab_size.max(101) as u64 - 100)) as u32).collect();
             let ids: Vec<u32> = fresh.iter().copied().cycle().take(a.input_len).collect();
-            json!({"model": model, "prompt": ids, "max_tokens": a.output_len, "stream": true, "stream_options": {"include_usage": true}, "ignore_eos": true, "temperature": a.temperature, "seed": splitmix(&mut rng) >> 1})
+            json!({"model": model, "prompt": ids, "max_tokens": a.output_len, "stream": true, "stream_options": {"include_usage": true}, "ignore_eos": true, "temperature": a.temperature, "seed": splitmix64(&mut rng) >> 1})
         })
         .collect();
     // Arrival offsets: exponential gaps at --request-rate, else all at t=0.
@@ -175,7 +168,7 @@ fn run_level(a: &BenchServeArgs, model: &str, c: usize) -> Value {
         .map(|_| {
             let at = t;
             if let Some(r) = a.request_rate {
-                let u = ((splitmix(&mut rng) >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+                let u = ((splitmix64(&mut rng) >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
                 t += -u.ln() / r;
             }
             at

@@ -2,12 +2,10 @@
 //! and top-K summaries of logits, and the classic policies (greedy, temperature, top-k, top-p,
 //! min-p). The sampler plugin implements the same policies; this is what it is checked against.
 
-/// SplitMix64 finalizer: a strong 64-bit mix used as a counter-based RNG.
-fn mix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+/// One SplitMix64 step from state `z` (`weft_backend::rng`), used as a counter-based RNG.
+fn mix64(z: u64) -> u64 {
+    let mut state = z;
+    weft_backend::rng::splitmix64(&mut state)
 }
 
 /// The uniform in `[0, 1)` for `(seed, position, stream)`: the same request seed gives the same
