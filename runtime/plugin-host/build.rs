@@ -24,9 +24,7 @@ fn main() {
         }
         _ => Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())),
     };
-    cmd.current_dir(&plugins)
-        .args(["build", "--release", "--target", "wasm32-wasip2", "--target-dir"])
-        .arg(&target_dir);
+    cmd.current_dir(&plugins).args(["build", "--release", "--target", "wasm32-wasip2", "--target-dir"]).arg(&target_dir);
     // The outer build's flags and target are for the host, not for the guests.
     for v in ["CARGO_ENCODED_RUSTFLAGS", "RUSTFLAGS", "CARGO_BUILD_TARGET", "CARGO_TARGET_DIR", "CARGO_BUILD_RUSTFLAGS", "RUSTC_WORKSPACE_WRAPPER", "CARGO_PRIMARY_PACKAGE"] {
         cmd.env_remove(v);

@@ -165,7 +165,16 @@ fn main() {
     let lm = if dummy { LoadedModel::open_dummy(&dir, be, &demo) } else { LoadedModel::open(&dir, be) }.unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     let model = &lm.model;
     let c = &model.cfg;
-    println!("model: {} ({} layers, hidden {}, {} experts top-{}, {}); loaded in {:.1} s", dir.display(), c.num_hidden_layers, c.hidden_size, c.n_routed_experts, c.num_experts_per_tok, if c.fp8_block.is_some() { "fp8 block weights" } else { "bf16 weights" }, t.elapsed().as_secs_f64());
+    println!(
+        "model: {} ({} layers, hidden {}, {} experts top-{}, {}); loaded in {:.1} s",
+        dir.display(),
+        c.num_hidden_layers,
+        c.hidden_size,
+        c.n_routed_experts,
+        c.num_experts_per_tok,
+        if c.fp8_block.is_some() { "fp8 block weights" } else { "bf16 weights" },
+        t.elapsed().as_secs_f64()
+    );
     let be = &model.backend;
 
     // Pool big enough for the largest batch × context that fits in free memory.
@@ -173,7 +182,8 @@ fn main() {
     let (free, _) = be.memory_info().unwrap_or((0, 0));
     let budget_pages = (free.saturating_sub(6 << 30)) / width_bytes;
     let need = |b: usize, ctx: usize| b * (ctx + steps + 2).div_ceil(PAGE);
-    let max_pages = batches.iter().flat_map(|&b| ctxs.iter().map(move |&x| need(b, x))).filter(|&p| p <= budget_pages).max().unwrap_or(0).max(prefill.iter().map(|p| p.div_ceil(PAGE)).max().unwrap_or(0));
+    let max_pages =
+        batches.iter().flat_map(|&b| ctxs.iter().map(move |&x| need(b, x))).filter(|&p| p <= budget_pages).max().unwrap_or(0).max(prefill.iter().map(|p| p.div_ceil(PAGE)).max().unwrap_or(0));
     let mut pool = be.alloc_kv_pool(model.kv_layout(max_pages, PAGE)).unwrap();
 
     println!();
@@ -240,7 +250,17 @@ fn main() {
             };
             let graph = graph.map_or_else(|e| format!("n/a ({e})"), |g| format!("{:.3}", g * 1e3));
             let bytes = step_bytes(c, b, ctx);
-            println!("| {b} | {ctx} | {:.3} | {:.0} | {:.2} | {:.0} | {:.1} % | {:.3} | {graph} | {:.2} | {:.2} |", step * 1e3, b as f64 / step, bytes / 1e9, bytes / step / 1e9, 100.0 * bytes / step / copy_bw, enq * 1e3, dl * 1e3, fe * 1e3);
+            println!(
+                "| {b} | {ctx} | {:.3} | {:.0} | {:.2} | {:.0} | {:.1} % | {:.3} | {graph} | {:.2} | {:.2} |",
+                step * 1e3,
+                b as f64 / step,
+                bytes / 1e9,
+                bytes / step / 1e9,
+                100.0 * bytes / step / copy_bw,
+                enq * 1e3,
+                dl * 1e3,
+                fe * 1e3
+            );
         }
     }
 

@@ -218,12 +218,18 @@ impl CudaBackend {
     /// Machines without the CUDA driver (or NVRTC/cuBLAS) get `Unavailable`, not a panic.
     pub fn new(ordinal: usize) -> Result<Self> {
         // cudarc's dynamic loader panics when a library is missing: look for them first.
-        for (lib, present) in [("the CUDA driver (libcuda)", unsafe { cudarc::driver::sys::is_culib_present() }), ("NVRTC", unsafe { cudarc::nvrtc::sys::is_culib_present() }), ("cuBLAS", unsafe { cudarc::cublas::sys::is_culib_present() })] {
+        for (lib, present) in [
+            ("the CUDA driver (libcuda)", unsafe { cudarc::driver::sys::is_culib_present() }),
+            ("NVRTC", unsafe { cudarc::nvrtc::sys::is_culib_present() }),
+            ("cuBLAS", unsafe { cudarc::cublas::sys::is_culib_present() }),
+        ] {
             if !present {
                 return Err(unavailable(format!("{lib} is not installed")));
             }
         }
-        let ctx = std::panic::catch_unwind(|| CudaContext::new(ordinal)).map_err(|_| unavailable("the CUDA driver library (libcuda) could not be loaded".into()))?.map_err(|e| unavailable(format!("device {ordinal}: {e:?}")))?;
+        let ctx = std::panic::catch_unwind(|| CudaContext::new(ordinal))
+            .map_err(|_| unavailable("the CUDA driver library (libcuda) could not be loaded".into()))?
+            .map_err(|e| unavailable(format!("device {ordinal}: {e:?}")))?;
         let (major, minor) = ctx.compute_capability().map_err(dev)?;
         let arch = arch_name(major, minor);
         let device_name = ctx.name().unwrap_or_else(|_| "unknown".into());

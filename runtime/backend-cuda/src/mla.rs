@@ -26,7 +26,17 @@ impl CudaBackend {
 
     /// `bt`/`off`/`ctx` are the concatenated block tables, their offsets and visible lengths.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn mla_split(&self, pool: &CudaKvPool, layer: usize, q_lat: &CudaSlice<f32>, q_pe: &CudaSlice<f32>, heads: usize, rows: &[AttnRow<'_>], scale: f32, tables: [&CudaSlice<u32>; 3]) -> Result<CudaSlice<f32>> {
+    pub(crate) fn mla_split(
+        &self,
+        pool: &CudaKvPool,
+        layer: usize,
+        q_lat: &CudaSlice<f32>,
+        q_pe: &CudaSlice<f32>,
+        heads: usize,
+        rows: &[AttnRow<'_>],
+        scale: f32,
+        tables: [&CudaSlice<u32>; 3],
+    ) -> Result<CudaSlice<f32>> {
         let l = pool.layout;
         let hg = heads.min(HEAD_GROUP);
         let groups = heads / hg;

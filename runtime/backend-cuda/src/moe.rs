@@ -107,7 +107,16 @@ impl CudaBackend {
     }
 
     /// Routing, experts and combine on the device; `[m, hidden]`.
-    pub(crate) fn moe_on_device(&self, x: &CudaSlice<f32>, gate_logits: &CudaSlice<f32>, bias: &CudaSlice<f32>, cfg: &RouterConfig, experts: &[ExpertWeights<CudaMatrix>], m: usize, hidden: usize) -> Result<CudaSlice<f32>> {
+    pub(crate) fn moe_on_device(
+        &self,
+        x: &CudaSlice<f32>,
+        gate_logits: &CudaSlice<f32>,
+        bias: &CudaSlice<f32>,
+        cfg: &RouterConfig,
+        experts: &[ExpertWeights<CudaMatrix>],
+        m: usize,
+        hidden: usize,
+    ) -> Result<CudaSlice<f32>> {
         let (e, k) = (cfg.n_experts, cfg.top_k);
         let n = m * k;
         let maxa = e.min(n);

@@ -53,7 +53,8 @@ fn kernels_compile_for_amd_targets() {
             .expect("run hipcc");
         let log = String::from_utf8_lossy(&o.stderr);
         if !o.status.success() {
-            let unknown_target = log.contains("invalid target ID") || log.contains("Unsupported") || log.contains("unknown target") || (log.contains("oclc_isa_version") && log.contains("No such file"));
+            let unknown_target =
+                log.contains("invalid target ID") || log.contains("Unsupported") || log.contains("unknown target") || (log.contains("oclc_isa_version") && log.contains("No such file"));
             if unknown_target && *arch != "gfx90a" {
                 eprintln!("{arch}: not supported by this toolchain, skipped ({})", log.lines().find(|l| l.contains("error")).unwrap_or("").trim());
                 continue;

@@ -393,7 +393,9 @@ fn sampling_front_matches_cpu() {
                 5 => row.iter_mut().for_each(|v| *v = 0.5),
                 _ => {}
             }
-            let edits = (0..(b % 4) * 5).map(|i| TokenEdit { token: (i * 977 + b) as u32 % vocab as u32, repetition: [1.0, 1.3][i % 2], subtract: 0.25 * (i % 3) as f32, bias: [0.0, 2.5, -1.0][i % 3], banned: i % 5 == 4 }).collect();
+            let edits = (0..(b % 4) * 5)
+                .map(|i| TokenEdit { token: (i * 977 + b) as u32 % vocab as u32, repetition: [1.0, 1.3][i % 2], subtract: 0.25 * (i % 3) as f32, bias: [0.0, 2.5, -1.0][i % 3], banned: i % 5 == 4 })
+                .collect();
             let k = [1, 50, 1024, 7, 64, 40, 0][b % 7];
             rows.push(FrontRow { k, temperature: [1.0, 0.7, 0.0, 1.3][b % 4], edits });
         }

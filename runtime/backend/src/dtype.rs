@@ -58,24 +58,14 @@ impl<'a> HostMatrix<'a> {
     pub fn from_f32(name: impl Into<String>, rows: usize, cols: usize, values: &[f32]) -> HostMatrix<'static> {
         assert_eq!(values.len(), rows * cols);
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        HostMatrix {
-            name: name.into(),
-            rows,
-            cols,
-            dtype: WeightDtype::F32,
-            bytes: std::borrow::Cow::Owned(bytes),
-            scales: None,
-        }
+        HostMatrix { name: name.into(), rows, cols, dtype: WeightDtype::F32, bytes: std::borrow::Cow::Owned(bytes), scales: None }
     }
 
     /// Checks that the byte length and scale grid agree with the declared shape.
     pub fn validate(&self) -> Result<(), BackendError> {
         let want = self.rows * self.cols * self.dtype.size();
         if self.bytes.len() != want {
-            return Err(BackendError::BadWeight {
-                name: self.name.clone(),
-                reason: format!("{} bytes for a {}x{} {:?} matrix, expected {want}", self.bytes.len(), self.rows, self.cols, self.dtype),
-            });
+            return Err(BackendError::BadWeight { name: self.name.clone(), reason: format!("{} bytes for a {}x{} {:?} matrix, expected {want}", self.bytes.len(), self.rows, self.cols, self.dtype) });
         }
         match (&self.scales, self.dtype) {
             (Some(s), WeightDtype::Fp8E4M3) => {
@@ -88,10 +78,7 @@ impl<'a> HostMatrix<'a> {
                 }
                 Ok(())
             }
-            (None, WeightDtype::Fp8E4M3) => Err(BackendError::BadWeight {
-                name: self.name.clone(),
-                reason: "fp8 weight without block scales (weight_scale_inv)".into(),
-            }),
+            (None, WeightDtype::Fp8E4M3) => Err(BackendError::BadWeight { name: self.name.clone(), reason: "fp8 weight without block scales (weight_scale_inv)".into() }),
             (Some(_), _) => Err(BackendError::BadWeight { name: self.name.clone(), reason: "block scales given for a non-fp8 weight".into() }),
             (None, _) => Ok(()),
         }
@@ -223,14 +210,7 @@ mod tests {
         let cols = 5;
         let bytes = vec![0x38u8; rows * cols]; // all 1.0
         let scales: Vec<f32> = (0..6).map(|i| i as f32 + 1.0).collect();
-        let m = HostMatrix {
-            name: "w".into(),
-            rows,
-            cols,
-            dtype: WeightDtype::Fp8E4M3,
-            bytes: bytes.into(),
-            scales: Some(BlockScales { block_rows: 2, block_cols: 2, scales }),
-        };
+        let m = HostMatrix { name: "w".into(), rows, cols, dtype: WeightDtype::Fp8E4M3, bytes: bytes.into(), scales: Some(BlockScales { block_rows: 2, block_cols: 2, scales }) };
         let f = m.to_f32().unwrap();
         assert_eq!(&f[0..5], &[1.0, 1.0, 2.0, 2.0, 3.0]);
         assert_eq!(&f[5..10], &[1.0, 1.0, 2.0, 2.0, 3.0]);

@@ -192,10 +192,8 @@ mod tests {
     #[test]
     fn host_run_edits_then_scales() {
         let mut l = vec![1.0f32, 2.0, 4.0, 0.5, 1.0, 2.0, 4.0, 0.5];
-        let rows = [
-            FrontRow { k: 2, temperature: 0.5, edits: vec![TokenEdit { token: 2, repetition: 1.0, subtract: 0.0, bias: 0.0, banned: true }] },
-            FrontRow { k: 0, temperature: 1.0, edits: vec![] },
-        ];
+        let rows =
+            [FrontRow { k: 2, temperature: 0.5, edits: vec![TokenEdit { token: 2, repetition: 1.0, subtract: 0.0, bias: 0.0, banned: true }] }, FrontRow { k: 0, temperature: 1.0, edits: vec![] }];
         let out = run_on_host(&mut l, 4, &rows);
         assert_eq!(l[2], f32::NEG_INFINITY, "edits stay in the buffer");
         assert_eq!(l[6], 4.0);

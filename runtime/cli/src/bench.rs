@@ -298,13 +298,31 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
         }
         println!(
             "| {} | {} | {} | {:.2} | {} | {} | {} | {} / {} / {} | {} / {} / {} | {} / {} | {} / {} |",
-            l["concurrency"], l["completed"], l["failed"], l["request_throughput"].as_f64().unwrap_or(0.0), f(&l["output_tokens_per_s"]), f(&l["total_tokens_per_s"]), f(&l["per_stream_decode_tokens_per_s"]),
-            f(&l["ttft_ms"]["mean"]), f(&l["ttft_ms"]["median"]), f(&l["ttft_ms"]["p99"]),
-            f(&l["tpot_ms"]["mean"]), f(&l["tpot_ms"]["median"]), f(&l["tpot_ms"]["p99"]),
-            f(&l["itl_ms"]["median"]), f(&l["itl_ms"]["p99"]), f(&l["e2e_ms"]["median"]), f(&l["e2e_ms"]["p99"]),
+            l["concurrency"],
+            l["completed"],
+            l["failed"],
+            l["request_throughput"].as_f64().unwrap_or(0.0),
+            f(&l["output_tokens_per_s"]),
+            f(&l["total_tokens_per_s"]),
+            f(&l["per_stream_decode_tokens_per_s"]),
+            f(&l["ttft_ms"]["mean"]),
+            f(&l["ttft_ms"]["median"]),
+            f(&l["ttft_ms"]["p99"]),
+            f(&l["tpot_ms"]["mean"]),
+            f(&l["tpot_ms"]["median"]),
+            f(&l["tpot_ms"]["p99"]),
+            f(&l["itl_ms"]["median"]),
+            f(&l["itl_ms"]["p99"]),
+            f(&l["e2e_ms"]["median"]),
+            f(&l["e2e_ms"]["p99"]),
         );
         if let Some(sp) = l.get("speculative") {
-            println!("|   | speculative ({}): {:.0}% of drafts accepted, {:.2} tokens per verify step |", sp["drafter"].as_str().unwrap_or("?"), 100.0 * sp["acceptance_rate"].as_f64().unwrap_or(0.0), sp["mean_accepted_length"].as_f64().unwrap_or(0.0));
+            println!(
+                "|   | speculative ({}): {:.0}% of drafts accepted, {:.2} tokens per verify step |",
+                sp["drafter"].as_str().unwrap_or("?"),
+                100.0 * sp["acceptance_rate"].as_f64().unwrap_or(0.0),
+                sp["mean_accepted_length"].as_f64().unwrap_or(0.0)
+            );
         }
         let _ = std::io::Write::flush(&mut std::io::stdout());
         levels.push(l);

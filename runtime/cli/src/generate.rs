@@ -1,11 +1,11 @@
 //! `weft generate`: one prompt through the single-sequence reference generator, printed as
 //! text or as the JSON object the golden tests and scripts consume.
 
+use crate::backend::Chosen;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::{json, Map, Value};
 use std::path::PathBuf;
-use crate::backend::Chosen;
 use weft_backend::Backend;
 use weft_model::generate::{generate, GenerateRequest};
 use weft_model::sampling::SamplingParams;

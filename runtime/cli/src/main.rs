@@ -47,10 +47,7 @@ pub fn default_model_dir() -> PathBuf {
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG").unwrap_or_else(|_| "warn,weft_server=info".into()))
-        .with_writer(std::io::stderr)
-        .init();
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG").unwrap_or_else(|_| "warn,weft_server=info".into())).with_writer(std::io::stderr).init();
     let cli = Cli::parse();
     let res = match cli.cmd {
         Command::Serve(a) => serve::run(a),

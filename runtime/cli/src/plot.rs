@@ -71,24 +71,11 @@ pub fn draw(series: &[Series], title: &str, path: &Path) -> Result<()> {
     let root = root.titled(title, ("sans-serif", 26).into_font().style(FontStyle::Bold)).map_err(|e| fail(&e))?;
     let (left, right) = root.split_horizontally(800);
     let x = range(series.iter().flat_map(|s| s.points.iter().map(|p| p.1)));
-    let panels: [(_, &str, fn(&(u64, f64, f64, f64)) -> f64); 2] =
-        [(left, "median TPOT (ms per output token)", |p| p.2), (right, "median TTFT (ms)", |p| p.3)];
+    let panels: [(_, &str, fn(&(u64, f64, f64, f64)) -> f64); 2] = [(left, "median TPOT (ms per output token)", |p| p.2), (right, "median TTFT (ms)", |p| p.3)];
     for (area, y_label, y_of) in panels {
         let y = range(series.iter().flat_map(|s| s.points.iter().map(y_of)));
-        let mut chart = ChartBuilder::on(&area)
-            .margin(20)
-            .x_label_area_size(50)
-            .y_label_area_size(70)
-            .build_cartesian_2d(x.clone(), y)
-            .map_err(|e| fail(&e))?;
-        chart
-            .configure_mesh()
-            .x_desc("aggregate output tokens/s")
-            .y_desc(y_label)
-            .label_style(("sans-serif", 16))
-            .axis_desc_style(("sans-serif", 18))
-            .draw()
-            .map_err(|e| fail(&e))?;
+        let mut chart = ChartBuilder::on(&area).margin(20).x_label_area_size(50).y_label_area_size(70).build_cartesian_2d(x.clone(), y).map_err(|e| fail(&e))?;
+        chart.configure_mesh().x_desc("aggregate output tokens/s").y_desc(y_label).label_style(("sans-serif", 16)).axis_desc_style(("sans-serif", 18)).draw().map_err(|e| fail(&e))?;
         for (i, s) in series.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
             let pts: Vec<(f64, f64)> = s.points.iter().map(|p| (p.1, y_of(p))).collect();
@@ -102,14 +89,7 @@ pub fn draw(series: &[Series], title: &str, path: &Path) -> Result<()> {
                 .draw_series(s.points.iter().map(|p| EmptyElement::at((p.1, y_of(p))) + Text::new(format!("c={}", p.0), (8, -20), ("sans-serif", 15).into_font().color(&BLACK))))
                 .map_err(|e| fail(&e))?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .label_font(("sans-serif", 16))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| fail(&e))?;
+        chart.configure_series_labels().position(SeriesLabelPosition::UpperLeft).label_font(("sans-serif", 16)).background_style(WHITE.mix(0.85)).border_style(BLACK).draw().map_err(|e| fail(&e))?;
     }
     root.present().map_err(|e| fail(&e))?;
     Ok(())

@@ -2,12 +2,12 @@
 //! the default plugins (plus any in `--plugin-dir`, watched for changes) and serves the
 //! OpenAI-compatible API until SIGTERM or Ctrl-C, then drains and exits 0.
 
+use crate::backend::Chosen;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use crate::backend::Chosen;
 use weft_backend::Backend;
 use weft_engine::{DrafterKind, Engine, EngineConfig, SpecConfig};
 use weft_model::tokenizer::TextTokenizer;
@@ -134,7 +134,12 @@ fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String, second: impl FnOnc
             if a.ngram_min == 0 || a.ngram_min > a.ngram_max || a.num_draft_tokens == 0 || a.num_draft_tokens > 64 {
                 bail!("--speculative ngram needs 1 <= --ngram-min <= --ngram-max and --num-draft-tokens in 1..=64");
             }
-            Some(SpecConfig { drafter: DrafterKind::Ngram { min_n: a.ngram_min, max_n: a.ngram_max }, num_draft_tokens: a.num_draft_tokens, adaptive: !a.fixed_draft_length, max_batch: a.speculative_disable_batch })
+            Some(SpecConfig {
+                drafter: DrafterKind::Ngram { min_n: a.ngram_min, max_n: a.ngram_max },
+                num_draft_tokens: a.num_draft_tokens,
+                adaptive: !a.fixed_draft_length,
+                max_batch: a.speculative_disable_batch,
+            })
         }
         Some("draft-model") => {
             if a.num_draft_tokens == 0 || a.num_draft_tokens > 64 {
@@ -146,7 +151,12 @@ fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String, second: impl FnOnc
             if !(0.0..=1.0).contains(&a.oracle_acceptance) || a.num_draft_tokens == 0 || a.num_draft_tokens > 64 {
                 bail!("--speculative oracle needs --oracle-acceptance in [0, 1] and --num-draft-tokens in 1..=64");
             }
-            Some(SpecConfig { drafter: DrafterKind::Oracle { acceptance: a.oracle_acceptance }, num_draft_tokens: a.num_draft_tokens, adaptive: !a.fixed_draft_length, max_batch: a.speculative_disable_batch })
+            Some(SpecConfig {
+                drafter: DrafterKind::Oracle { acceptance: a.oracle_acceptance },
+                num_draft_tokens: a.num_draft_tokens,
+                adaptive: !a.fixed_draft_length,
+                max_batch: a.speculative_disable_batch,
+            })
         }
         Some(other) => bail!("--speculative {other:?}: the drafters are `ngram`, `draft-model` and `oracle` (a benchmark instrument), or `off`"),
     };
@@ -177,7 +187,11 @@ fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String, second: impl FnOnc
             let budget = (total as f64 * f) as i64 - (total - free) as i64;
             let n = budget.max(0) as usize / per_page;
             if n == 0 {
-                bail!("--kv-memory-fraction {f}: {:.1} GiB of {:.1} GiB are already in use, nothing is left for the KV cache", (total - free) as f64 / (1u64 << 30) as f64, total as f64 / (1u64 << 30) as f64);
+                bail!(
+                    "--kv-memory-fraction {f}: {:.1} GiB of {:.1} GiB are already in use, nothing is left for the KV cache",
+                    (total - free) as f64 / (1u64 << 30) as f64,
+                    total as f64 / (1u64 << 30) as f64
+                );
             }
             tracing::info!(pages = n, page_bytes = per_page, "KV pool sized from --kv-memory-fraction");
             n

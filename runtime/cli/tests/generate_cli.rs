@@ -20,7 +20,8 @@ fn json_output_matches_reference_greedy_and_logprobs() {
     let reference: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
     let case = &reference["cases"][1];
     let ids: Vec<String> = case["prompt_ids"].as_array().unwrap().iter().map(|x| x.to_string()).collect();
-    let (ok, stdout, stderr) = weft(&["generate", "--model", dir.to_str().unwrap(), "--prompt-ids", &ids.join(","), "--max-tokens", "8", "--temperature", "0", "--logprobs", "3", "--json", "--ignore-eos"]);
+    let (ok, stdout, stderr) =
+        weft(&["generate", "--model", dir.to_str().unwrap(), "--prompt-ids", &ids.join(","), "--max-tokens", "8", "--temperature", "0", "--logprobs", "3", "--json", "--ignore-eos"]);
     assert!(ok, "{stderr}");
     let v: Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!(v["prompt_token_ids"], case["prompt_ids"]);

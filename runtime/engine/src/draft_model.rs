@@ -101,10 +101,13 @@ impl<B: Backend> DraftModel<B> {
             }
             last.push(tokens.len() as u32 - 1);
         }
-        let attn: Vec<AttnRow> = feeds.iter().flat_map(|(id, start, toks)| {
-            let pages = &self.seqs[id].pages;
-            (*start..start + toks.len()).map(move |p| AttnRow { block_table: pages, ctx_len: p + 1 })
-        }).collect();
+        let attn: Vec<AttnRow> = feeds
+            .iter()
+            .flat_map(|(id, start, toks)| {
+                let pages = &self.seqs[id].pages;
+                (*start..start + toks.len()).map(move |p| AttnRow { block_table: pages, ctx_len: p + 1 })
+            })
+            .collect();
         let m = &self.lm.model;
         let batch = StepBatch { tokens: &tokens, positions: &positions, slots: &slots, attn: &attn };
         let hidden = m.forward_hidden(&mut self.kv, &batch).map_err(|e| e.to_string())?;

@@ -8,13 +8,13 @@
 mod commit;
 
 use crate::detok::{Detokenizer, StopMatcher};
-use commit::{set_pick, Pick};
 use crate::draft_model::{DraftModel, DraftRequest};
 use crate::frontend;
 use crate::kv_pool::PagePool;
 use crate::request::{ErrorKind, Event, GenerationRequest};
 use crate::spec::{self, SpecConfig, SpecState};
 use crate::step_logits::StepLogits;
+use commit::{set_pick, Pick};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -148,7 +148,8 @@ impl Engine {
             _ => {}
         }
         // Device memory is claimed here, so a pool that does not fit is an error, not a dead loop.
-        let kv = model.model.backend.alloc_kv_pool(model.model.kv_layout(cfg.num_pages, cfg.page_size)).map_err(|e| PluginError::Host(format!("allocating the KV pool ({} pages): {e}", cfg.num_pages)))?;
+        let kv =
+            model.model.backend.alloc_kv_pool(model.model.kv_layout(cfg.num_pages, cfg.page_size)).map_err(|e| PluginError::Host(format!("allocating the KV pool ({} pages): {e}", cfg.num_pages)))?;
         let draft = match draft {
             Some(d) => Some(DraftModel::new(d, cfg.num_pages, cfg.page_size).map_err(PluginError::Host)?),
             None => None,
@@ -405,10 +406,25 @@ impl<B: Backend> StepLoop<B> {
         let waiting: Vec<Waiting> = self
             .waiting
             .iter()
-            .map(|s| Waiting { id: s.id, arrival_ms: s.arrival_ms, prompt_tokens: s.tokens.len() as u32, cached_prefix_tokens: 0, max_tokens: s.req.max_tokens as u32, priority: s.req.priority, tenant: s.req.tenant.clone() })
+            .map(|s| Waiting {
+                id: s.id,
+                arrival_ms: s.arrival_ms,
+                prompt_tokens: s.tokens.len() as u32,
+                cached_prefix_tokens: 0,
+                max_tokens: s.req.max_tokens as u32,
+                priority: s.req.priority,
+                tenant: s.req.tenant.clone(),
+            })
             .collect();
-        let running: Vec<Running> = self.running.iter().map(|s| Running { id: s.id, tenant: s.req.tenant.clone(), priority: s.req.priority, context_tokens: s.tokens.len() as u32, pages: s.pages.len() as u32 }).collect();
-        let cap = Capacity { free_pages: self.pool.free_pages() as u32, total_pages: self.pool.capacity() as u32, page_size: ps as u32, token_budget: self.cfg.token_budget as u32, max_sequences: self.cfg.max_sequences as u32 };
+        let running: Vec<Running> =
+            self.running.iter().map(|s| Running { id: s.id, tenant: s.req.tenant.clone(), priority: s.req.priority, context_tokens: s.tokens.len() as u32, pages: s.pages.len() as u32 }).collect();
+        let cap = Capacity {
+            free_pages: self.pool.free_pages() as u32,
+            total_pages: self.pool.capacity() as u32,
+            page_size: ps as u32,
+            token_budget: self.cfg.token_budget as u32,
+            max_sequences: self.cfg.max_sequences as u32,
+        };
         let decision = match self.registry.resolve(PluginKind::Admission, None) {
             Ok((p, pol)) => calls::schedule(&p, pol, &waiting, &running, cap).unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "admission plugin failed; first-come-first-served this step");
@@ -569,10 +585,13 @@ impl<B: Backend> StepLoop<B> {
                 row_of.push((wi, tokens.len() - 1));
             }
         }
-        let attn: Vec<AttnRow> = work.iter().flat_map(|w| {
-            let s = &self.running[w.seq];
-            (w.start..w.start + w.n).map(move |p| AttnRow { block_table: &s.pages, ctx_len: p + 1 })
-        }).collect();
+        let attn: Vec<AttnRow> = work
+            .iter()
+            .flat_map(|w| {
+                let s = &self.running[w.seq];
+                (w.start..w.start + w.n).map(move |p| AttnRow { block_table: &s.pages, ctx_len: p + 1 })
+            })
+            .collect();
         let model = &self.lm.model;
         let batch = StepBatch { tokens: &tokens, positions: &positions, slots: &slots, attn: &attn };
         let hidden = model.forward_hidden(&mut self.kv, &batch).map_err(|e| e.to_string())?;
@@ -643,10 +662,12 @@ impl<B: Backend> StepLoop<B> {
         for (k, out) in outs.into_iter().enumerate() {
             let si = seqs[k];
             let s = &self.running[si];
-            let lp = s.req.logprobs.and_then(|n| raw.remove(&k).map(|row| {
-                let top = top_logprobs(&row, n, None);
-                (row, top)
-            }));
+            let lp = s.req.logprobs.and_then(|n| {
+                raw.remove(&k).map(|row| {
+                    let top = top_logprobs(&row, n, None);
+                    (row, top)
+                })
+            });
             let cands = if fronts[k].k == 0 { frontend::extract(logits.edited(k), &fronts[k], 0) } else { frontend::candidates(out) };
             let u = uniform(s.req.seed, s.tokens.len() as u64, 0);
             if s.native {

@@ -71,7 +71,18 @@ mod tests {
     use super::*;
 
     fn plan() -> SamplingPlan {
-        SamplingPlan { temperature: 1.0, repetition_penalty: 1.0, presence_penalty: 0.0, frequency_penalty: 0.0, logit_bias: vec![], banned_tokens: vec![], min_tokens: 0, candidates: 0, wants_history: false, state: vec![] }
+        SamplingPlan {
+            temperature: 1.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: vec![],
+            banned_tokens: vec![],
+            min_tokens: 0,
+            candidates: 0,
+            wants_history: false,
+            state: vec![],
+        }
     }
 
     #[test]

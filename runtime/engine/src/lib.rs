@@ -13,5 +13,5 @@ pub mod spec;
 pub mod step_logits;
 
 pub use engine::{Engine, EngineConfig, EngineStats, SubmitError};
-pub use spec::{DrafterKind, SpecConfig};
 pub use request::{ErrorKind, Event, FinishReason, GenerationRequest};
+pub use spec::{DrafterKind, SpecConfig};

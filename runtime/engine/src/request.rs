@@ -43,10 +43,24 @@ pub enum Event {
     /// possible stop string is pending).
     /// `logprob` (the token's own, under the raw model distribution) and `top_logprobs` are
     /// present when the request asked for log-probabilities.
-    Token { id: u32, text: String, logprob: Option<f64>, top_logprobs: Option<Vec<(u32, f64)>> },
-    Finished { reason: FinishReason, prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize, text_tail: String },
+    Token {
+        id: u32,
+        text: String,
+        logprob: Option<f64>,
+        top_logprobs: Option<Vec<(u32, f64)>>,
+    },
+    Finished {
+        reason: FinishReason,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+        cached_tokens: usize,
+        text_tail: String,
+    },
     /// The request failed after it was queued.
-    Error { message: String, kind: ErrorKind },
+    Error {
+        message: String,
+        kind: ErrorKind,
+    },
 }
 
 /// Why a queued request failed; the server maps each to an HTTP status.

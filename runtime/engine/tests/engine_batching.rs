@@ -22,7 +22,20 @@ fn params(temperature: f32) -> SamplingParams {
 }
 
 fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
-    GenerationRequest { prompt, params: params(0.0), max_tokens, stop_token_ids: vec![], stop: vec![], ignore_eos: true, seed: 1, sampler: None, logprobs: None, priority: 0, tenant: "t".into(), speculative: true }
+    GenerationRequest {
+        prompt,
+        params: params(0.0),
+        max_tokens,
+        stop_token_ids: vec![],
+        stop: vec![],
+        ignore_eos: true,
+        seed: 1,
+        sampler: None,
+        logprobs: None,
+        priority: 0,
+        tenant: "t".into(),
+        speculative: true,
+    }
 }
 
 fn prompts(lm: &LoadedModel<CpuBackend>) -> Vec<Vec<u32>> {
@@ -38,11 +51,17 @@ fn batched_greedy_equals_single_sequence_even_with_preemption() {
     let prompts = prompts(&lm);
     let reference: Vec<Vec<u32>> = prompts
         .iter()
-        .map(|p| generate(&lm.model, &GenerateRequest { prompt_ids: p.clone(), max_tokens: 40, params: NativeParams { temperature: 0.0, ..Default::default() }, logprobs: None, stop_ids: vec![] }).unwrap().token_ids)
+        .map(|p| {
+            generate(&lm.model, &GenerateRequest { prompt_ids: p.clone(), max_tokens: 40, params: NativeParams { temperature: 0.0, ..Default::default() }, logprobs: None, stop_ids: vec![] })
+                .unwrap()
+                .token_ids
+        })
         .collect();
     let registry = Arc::new(Registry::with_defaults(SandboxLimits::default()).unwrap());
     // 12 pages of 16 tokens: 8 requests of ~50 tokens each cannot all fit -> preemption.
-    for cfg in [EngineConfig { num_pages: 64, page_size: 16, token_budget: 64, max_sequences: 8, spec: None }, EngineConfig { num_pages: 12, page_size: 16, token_budget: 32, max_sequences: 8, spec: None }] {
+    for cfg in
+        [EngineConfig { num_pages: 64, page_size: 16, token_budget: 64, max_sequences: 8, spec: None }, EngineConfig { num_pages: 12, page_size: 16, token_budget: 32, max_sequences: 8, spec: None }]
+    {
         let engine = Engine::start(demo(), registry.clone(), cfg.clone()).unwrap();
         let mut rxs: Vec<_> = prompts.iter().map(|p| engine.submit(request(p.clone(), 40)).unwrap().1).collect();
         for (i, rx) in rxs.iter_mut().enumerate() {
@@ -81,7 +100,8 @@ fn stop_strings_eos_and_prefix_cache() {
     let registry = Arc::new(Registry::with_defaults(SandboxLimits::default()).unwrap());
     let lm = demo();
     let long: Vec<u32> = lm.tokenizer.encode(&"All work and no play makes Jack a dull boy. ".repeat(12), true).unwrap();
-    let full_ref = generate(&lm.model, &GenerateRequest { prompt_ids: long.clone(), max_tokens: 20, params: NativeParams { temperature: 0.0, ..Default::default() }, logprobs: None, stop_ids: vec![] }).unwrap();
+    let full_ref =
+        generate(&lm.model, &GenerateRequest { prompt_ids: long.clone(), max_tokens: 20, params: NativeParams { temperature: 0.0, ..Default::default() }, logprobs: None, stop_ids: vec![] }).unwrap();
     let ref_text = lm.tokenizer.decode(&full_ref.token_ids, true).unwrap();
     let engine = Engine::start(lm, registry, EngineConfig { num_pages: 64, page_size: 16, token_budget: 256, max_sequences: 8, spec: None }).unwrap();
     // Stop string: pick a fragment of the reference continuation.

@@ -58,13 +58,7 @@ fn run(cfg: EngineConfig, reqs: &[GenerationRequest]) -> (Vec<(Vec<u32>, String,
 #[test]
 fn greedy_speculation_is_token_for_token_plain_greedy() {
     let lm = demo();
-    let texts = [
-        "the cat sat on the mat. the cat sat on the",
-        "A B C D E F A B C D E F A B C",
-        "Love is",
-        "Q: What is the meaning of life?\nA:",
-        "one two three one two three one two",
-    ];
+    let texts = ["the cat sat on the mat. the cat sat on the", "A B C D E F A B C D E F A B C", "Love is", "Q: What is the meaning of life?\nA:", "one two three one two three one two"];
     let greedy = SamplingParams { temperature: 0.0, ..weft_plugin_host::neutral_params(0) };
     let mut reqs = vec![];
     for (i, t) in texts.iter().enumerate() {
@@ -197,7 +191,12 @@ fn check_distribution(got: &[(Vec<u32>, String, String)], stats: &weft_engine::E
         df += 1;
     }
     let accepted = stats.spec_accepted as f64 / stats.spec_drafted as f64;
-    eprintln!("chi-square {chi2:.1} over {df} bins; draft {draft} target p {:.3}, observed {:.3}; {:.0}% of drafts accepted", p[draft as usize], counts[draft as usize] as f64 / n as f64, 100.0 * accepted);
+    eprintln!(
+        "chi-square {chi2:.1} over {df} bins; draft {draft} target p {:.3}, observed {:.3}; {:.0}% of drafts accepted",
+        p[draft as usize],
+        counts[draft as usize] as f64 / n as f64,
+        100.0 * accepted
+    );
     // The 99.9th percentile of chi-square with df - 1 degrees of freedom (Wilson-Hilferty).
     let k = (df - 1) as f64;
     let limit = k * (1.0 - 2.0 / (9.0 * k) + 3.09 * (2.0 / (9.0 * k)).sqrt()).powi(3);

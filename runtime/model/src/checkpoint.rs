@@ -97,11 +97,8 @@ impl Checkpoint {
         } else if dir.join("model.safetensors").exists() {
             vec![dir.join("model.safetensors")]
         } else {
-            let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
-                .map_err(|e| file_err(dir, e))?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-                .collect();
+            let mut v: Vec<PathBuf> =
+                std::fs::read_dir(dir).map_err(|e| file_err(dir, e))?.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "safetensors")).collect();
             v.sort();
             v
         };
@@ -165,10 +162,10 @@ impl Checkpoint {
     }
 
     fn view(&self, name: &str) -> Result<(View<'_>, &Path)> {
-        let e = self.index.get(name).ok_or_else(|| CheckpointError::MissingTensor {
-            name: name.into(),
-            where_: format!("{} shard(s) searched, e.g. {}", self.shards.len(), self.shards[0].path.display()),
-        })?;
+        let e = self
+            .index
+            .get(name)
+            .ok_or_else(|| CheckpointError::MissingTensor { name: name.into(), where_: format!("{} shard(s) searched, e.g. {}", self.shards.len(), self.shards[0].path.display()) })?;
         let shard = &self.shards[e.shard];
         let data = &shard.mmap[shard.data_start + e.range.0..shard.data_start + e.range.1];
         Ok((View { dtype: e.dtype, shape: &e.shape, data }, &shard.path))

@@ -26,16 +26,7 @@ type Result<T> = std::result::Result<T, ConfigError>;
 pub enum RopeScaling {
     None,
     Linear { factor: f64 },
-    Yarn {
-        factor: f64,
-        original_max_position_embeddings: usize,
-        beta_fast: f64,
-        beta_slow: f64,
-        mscale: Option<f64>,
-        mscale_all_dim: Option<f64>,
-        attention_factor: Option<f64>,
-        truncate: bool,
-    },
+    Yarn { factor: f64, original_max_position_embeddings: usize, beta_fast: f64, beta_slow: f64, mscale: Option<f64>, mscale_all_dim: Option<f64>, attention_factor: Option<f64>, truncate: bool },
 }
 
 /// The validated model configuration.
@@ -85,10 +76,7 @@ fn usize_field(m: &Map<String, Value>, k: &'static str) -> Result<usize> {
 fn opt_usize(m: &Map<String, Value>, k: &str) -> Result<Option<usize>> {
     match get(m, k) {
         None => Ok(None),
-        Some(v) => v
-            .as_u64()
-            .map(|x| Some(x as usize))
-            .ok_or_else(|| ConfigError::Type { field: k.into(), reason: format!("expected a non-negative integer, got {v}") }),
+        Some(v) => v.as_u64().map(|x| Some(x as usize)).ok_or_else(|| ConfigError::Type { field: k.into(), reason: format!("expected a non-negative integer, got {v}") }),
     }
 }
 
@@ -121,10 +109,7 @@ fn token_ids(v: Option<&Value>, field: &str) -> Result<Vec<u32>> {
     match v {
         None => Ok(vec![]),
         Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).ok_or_else(|| ConfigError::Type { field: field.into(), reason: format!("bad token id {n}") }),
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|x| x.as_u64().map(|y| y as u32).ok_or_else(|| ConfigError::Type { field: field.into(), reason: format!("bad token id {x}") }))
-            .collect(),
+        Some(Value::Array(a)) => a.iter().map(|x| x.as_u64().map(|y| y as u32).ok_or_else(|| ConfigError::Type { field: field.into(), reason: format!("bad token id {x}") })).collect(),
         Some(other) => Err(ConfigError::Type { field: field.into(), reason: format!("expected a token id or list, got {other}") }),
     }
 }

@@ -64,7 +64,11 @@ pub fn generate<B: Backend>(model: &DeepseekV3<B>, req: &GenerateRequest) -> Res
         let batch = StepBatch { tokens: &req.prompt_ids[start..end], positions: &positions, slots: &positions, attn: &rows };
         let hidden = model.forward_hidden(&mut pool, &batch)?;
         let hidden = if req.logprobs.is_some() || end == n {
-            if req.logprobs.is_some() { hidden } else { be.gather_rows(&hidden, model.cfg.hidden_size, &[(end - start - 1) as u32])? }
+            if req.logprobs.is_some() {
+                hidden
+            } else {
+                be.gather_rows(&hidden, model.cfg.hidden_size, &[(end - start - 1) as u32])?
+            }
         } else {
             continue;
         };

@@ -55,10 +55,7 @@ impl TextTokenizer {
             tmpl = match v.get("chat_template") {
                 Some(Value::String(s)) => Some(s.clone()),
                 // A list of named templates: take "default".
-                Some(Value::Array(a)) => a
-                    .iter()
-                    .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
-                    .and_then(|t| t.get("template")?.as_str().map(String::from)),
+                Some(Value::Array(a)) => a.iter().find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default")).and_then(|t| t.get("template")?.as_str().map(String::from)),
                 _ => None,
             };
         }
@@ -108,9 +105,7 @@ pub fn render_template(tmpl: &str, messages: &[ChatMessage], add_generation_prom
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
-    env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
-        Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
-    });
+    env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> { Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg)) });
     env.add_template("chat", tmpl).map_err(|e| TokenizerError::Template(e.to_string()))?;
     let t = env.get_template("chat").map_err(|e| TokenizerError::Template(e.to_string()))?;
     t.render(minijinja::context! {

@@ -160,21 +160,11 @@ impl<'a, B: Backend> Loader<'a, B> {
             let e = c.n_routed_experts;
             let experts = (0..e).map(|x| self.gate_up(&format!("{p}.mlp.experts.{x}"), c.moe_intermediate_size)).collect::<Result<Vec<_>>>()?;
             let shared = if c.n_shared_experts > 0 { Some(self.gate_up(&format!("{p}.mlp.shared_experts"), c.moe_intermediate_size * c.n_shared_experts)?) } else { None };
-            FeedForward::Moe(MoeWeights {
-                router: self.mat(&format!("{p}.mlp.gate.weight"), e, h)?,
-                bias: self.vec(&format!("{p}.mlp.gate.e_score_correction_bias"), e)?,
-                experts,
-                shared,
-            })
+            FeedForward::Moe(MoeWeights { router: self.mat(&format!("{p}.mlp.gate.weight"), e, h)?, bias: self.vec(&format!("{p}.mlp.gate.e_score_correction_bias"), e)?, experts, shared })
         } else {
             FeedForward::Dense(self.gate_up(&format!("{p}.mlp"), c.intermediate_size)?)
         };
-        Ok(LayerWeights {
-            input_layernorm: self.vec(&format!("{p}.input_layernorm.weight"), h)?,
-            post_attention_layernorm: self.vec(&format!("{p}.post_attention_layernorm.weight"), h)?,
-            attn,
-            ffn,
-        })
+        Ok(LayerWeights { input_layernorm: self.vec(&format!("{p}.input_layernorm.weight"), h)?, post_attention_layernorm: self.vec(&format!("{p}.post_attention_layernorm.weight"), h)?, attn, ffn })
     }
 }
 
@@ -218,11 +208,7 @@ impl<B: Backend> ModelWeights<B> {
             tracing::debug!(layer = i, "loading layer");
             layers.push(l.layer(i)?);
         }
-        let lm_head = if cfg.tie_word_embeddings && !ck.contains("lm_head.weight") {
-            l.mat("model.embed_tokens.weight", v, h)?
-        } else {
-            l.mat("lm_head.weight", v, h)?
-        };
+        let lm_head = if cfg.tie_word_embeddings && !ck.contains("lm_head.weight") { l.mat("model.embed_tokens.weight", v, h)? } else { l.mat("lm_head.weight", v, h)? };
         let mut mtp = Vec::new();
         for k in 0..cfg.num_nextn_predict_layers {
             let i = cfg.num_hidden_layers + k;
@@ -249,4 +235,3 @@ impl<B: Backend> ModelWeights<B> {
 pub fn has_fp8(ck: &Checkpoint) -> bool {
     ck.tensor_names().any(|n| n.ends_with("_scale_inv"))
 }
-

@@ -83,12 +83,7 @@ fn missing_required_field() {
 
 #[test]
 fn unsupported_values_name_their_field() {
-    for (field, value) in [
-        ("scoring_func", serde_json::json!("softmax")),
-        ("topk_group", serde_json::json!(5)),
-        ("moe_layer_freq", serde_json::json!(2)),
-        ("hidden_size", serde_json::json!("wide")),
-    ] {
+    for (field, value) in [("scoring_func", serde_json::json!("softmax")), ("topk_group", serde_json::json!(5)), ("moe_layer_freq", serde_json::json!(2)), ("hidden_size", serde_json::json!("wide"))] {
         let t = copy_fixture();
         edit_config(t.path(), |v| v[field] = value.clone());
         expect(t.path(), &[field]);

@@ -23,7 +23,11 @@ fn dummy_weights_run_deterministically() {
     }
     // Not the trained weights: the dummy model does not continue the way the demo model does.
     let real = LoadedModel::open(&demo, CpuBackend::new()).unwrap();
-    let r = generate(&real.model, &GenerateRequest { prompt_ids: vec![0, 75, 76, 300, 1200], max_tokens: 6, params: SamplingParams { temperature: 0.0, ..Default::default() }, logprobs: None, stop_ids: vec![] }).unwrap();
+    let r = generate(
+        &real.model,
+        &GenerateRequest { prompt_ids: vec![0, 75, 76, 300, 1200], max_tokens: 6, params: SamplingParams { temperature: 0.0, ..Default::default() }, logprobs: None, stop_ids: vec![] },
+    )
+    .unwrap();
     assert_ne!(r.token_ids, a.token_ids);
 }
 

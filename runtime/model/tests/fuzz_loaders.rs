@@ -11,9 +11,9 @@ use serde_json::{json, Value};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use weft_backend::cpu::CpuBackend;
-use weft_model::tokenizer::{render_template, ChatMessage};
 use weft_model::generate::{generate, GenerateRequest};
 use weft_model::sampling::SamplingParams;
+use weft_model::tokenizer::{render_template, ChatMessage};
 use weft_model::LoadedModel;
 
 fn cases(default: usize) -> usize {
@@ -45,7 +45,25 @@ fn mutate_bytes(r: &mut Rng, b: &mut Vec<u8>, range: std::ops::Range<usize>) {
 }
 
 fn hostile(r: &mut Rng) -> Value {
-    [json!(-1), json!(0), json!(1), json!(3), json!(2147483648u64), json!(18446744073709551615u64), json!(1e308), json!(-1e308), json!(0.5), json!("7"), json!(null), json!(true), json!([]), json!({}), json!([128, 128]), json!("x")][r.below(16)].clone()
+    [
+        json!(-1),
+        json!(0),
+        json!(1),
+        json!(3),
+        json!(2147483648u64),
+        json!(18446744073709551615u64),
+        json!(1e308),
+        json!(-1e308),
+        json!(0.5),
+        json!("7"),
+        json!(null),
+        json!(true),
+        json!([]),
+        json!({}),
+        json!([128, 128]),
+        json!("x"),
+    ][r.below(16)]
+    .clone()
 }
 
 /// Loads `dir`: whether it loaded (and ran), or a panic as an error string starting "PANIC".

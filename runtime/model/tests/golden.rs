@@ -35,13 +35,8 @@ fn check_fixture(dir: &Path) {
         let prompt: Vec<u32> = case["prompt_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
         let want_greedy: Vec<u32> = case["greedy_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
         let margins: Vec<f64> = case["greedy_margins"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
-        let req = GenerateRequest {
-            prompt_ids: prompt.clone(),
-            max_tokens: want_greedy.len(),
-            params: SamplingParams { temperature: 0.0, ..Default::default() },
-            logprobs: Some(20),
-            stop_ids: vec![],
-        };
+        let req =
+            GenerateRequest { prompt_ids: prompt.clone(), max_tokens: want_greedy.len(), params: SamplingParams { temperature: 0.0, ..Default::default() }, logprobs: Some(20), stop_ids: vec![] };
         let out = generate(&lm.model, &req).unwrap();
         // Prompt log-probabilities.
         let plp = case["prompt_logprobs"].as_array().unwrap();

@@ -38,7 +38,8 @@ fn main() {
     for &k in &[64usize, 256, 163_840] {
         let base: Vec<Candidates> = (0..4).map(|i| candidates(k, 7 + i)).collect();
         for &b in &[1usize, 8, 64, 256] {
-            let batch: Vec<Sequence> = (0..b).map(|i| Sequence { request_id: i as u64, state: plan.state.clone(), candidates: base[i % 4].clone(), uniforms: vec![(i as f64 * 0.37) % 1.0], history: None }).collect();
+            let batch: Vec<Sequence> =
+                (0..b).map(|i| Sequence { request_id: i as u64, state: plan.state.clone(), candidates: base[i % 4].clone(), uniforms: vec![(i as f64 * 0.37) % 1.0], history: None }).collect();
             let prms: Vec<&SamplingParams> = (0..b).map(|_| &params).collect();
             let iters = if k > 10_000 { (64 / b).clamp(3, 20) } else { 200 };
             let mut tp = Vec::new();
@@ -91,6 +92,10 @@ fn main() {
     println!();
     println!("swap latency (until resolve() hands new requests the new version):");
     println!("  first load, compile included:          {:>8.2} ms", cold.as_secs_f64() * 1e3);
-    println!("  load of precompiled bytes (self-check): {:>8.2} ms (median of 20)  target < 100 ms: {}", median(warm.clone()).as_secs_f64() * 1e3, if median(warm).as_millis() < 100 { "met" } else { "NOT met" });
+    println!(
+        "  load of precompiled bytes (self-check): {:>8.2} ms (median of 20)  target < 100 ms: {}",
+        median(warm.clone()).as_secs_f64() * 1e3,
+        if median(warm).as_millis() < 100 { "met" } else { "NOT met" }
+    );
     println!("  activate a loaded version:              {:>8.3} ms (median of 20)", median(activate).as_secs_f64() * 1e3);
 }

@@ -84,6 +84,6 @@ pub fn flatten(batch: &[Sequence]) -> StepBatch {
     }
     b
 }
+pub use admission::exports::weft::plugin::admission::{Capacity, Rejection, Running, ScheduleDecision, Waiting};
 pub use sampler::weft::plugin::types::{Candidates, PluginInfo, PluginKind};
 pub use verifier::exports::weft::plugin::verifier::{DraftStep, Verdict};
-pub use admission::exports::weft::plugin::admission::{Capacity, Rejection, Running, ScheduleDecision, Waiting};

@@ -16,7 +16,13 @@ pub fn plan(p: &SamplingParams) -> SamplingPlan {
         logit_bias: p.logit_bias.clone(),
         banned_tokens: p.banned_tokens.clone(),
         min_tokens: p.min_tokens,
-        candidates: if greedy { 1 } else if p.top_k > 0 { p.top_k } else { 0 },
+        candidates: if greedy {
+            1
+        } else if p.top_k > 0 {
+            p.top_k
+        } else {
+            0
+        },
         wants_history: false,
         state: vec![],
     }

@@ -152,7 +152,15 @@ impl Registry {
             }
             PluginKind::Verifier => {
                 let c = probe_candidates();
-                let step = DraftStep { request_id: 1, draft_tokens: vec![0, 3], draft_probs: vec![0.5, 0.5], draft_candidates: None, target: vec![c.clone(), c.clone(), c], uniforms: vec![0.5; 4], greedy: false };
+                let step = DraftStep {
+                    request_id: 1,
+                    draft_tokens: vec![0, 3],
+                    draft_probs: vec![0.5, 0.5],
+                    draft_candidates: None,
+                    target: vec![c.clone(), c.clone(), c],
+                    uniforms: vec![0.5; 4],
+                    greedy: false,
+                };
                 calls::verify(p, FailurePolicy::Fail, &[step], 16).map_err(|e| Fault::Invalid(e.to_string()))?;
             }
             PluginKind::Admission => {

@@ -15,7 +15,17 @@ fn one_request(r: &Registry) -> Result<String, String> {
     let mut prm = params();
     prm.vocab_size = 32;
     let (plan, _) = calls::configure(&p, pol, &prm).map_err(|e| e.to_string())?;
-    let logits: Vec<f32> = (0..32).map(|i| if i == 10 { 5.0 } else if i == 20 { 4.0 } else { -(i as f32) }).collect();
+    let logits: Vec<f32> = (0..32)
+        .map(|i| {
+            if i == 10 {
+                5.0
+            } else if i == 20 {
+                4.0
+            } else {
+                -(i as f32)
+            }
+        })
+        .collect();
     for _ in 0..5 {
         let batch: Vec<Sequence> = (0..8).map(|i| Sequence { request_id: i, state: plan.state.clone(), candidates: candidates(&logits, 2), uniforms: vec![0.5], history: None }).collect();
         let prms: Vec<_> = (0..8).map(|_| &prm).collect();

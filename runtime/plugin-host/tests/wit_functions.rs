@@ -2,7 +2,7 @@
 
 mod common;
 use common::*;
-use weft_plugin_host::{calls, Capacity, Decision, DraftStep, FailurePolicy, PluginKind, Registry, SandboxLimits, Verdict, Waiting, Running};
+use weft_plugin_host::{calls, Capacity, Decision, DraftStep, FailurePolicy, PluginKind, Registry, Running, SandboxLimits, Verdict, Waiting};
 
 fn registry() -> Registry {
     Registry::with_defaults(SandboxLimits::default()).unwrap()
@@ -48,9 +48,8 @@ fn sampler_configure_and_sample() {
 
     let mut rng = Rng(5);
     let logits = random_logits(&mut rng, 100, 2.0);
-    let batch: Vec<_> = (0..3)
-        .map(|i| weft_plugin_host::Sequence { request_id: i, state: plan.state.clone(), candidates: candidates(&logits, 20), uniforms: vec![rng.uniform()], history: None })
-        .collect();
+    let batch: Vec<_> =
+        (0..3).map(|i| weft_plugin_host::Sequence { request_id: i, state: plan.state.clone(), candidates: candidates(&logits, 20), uniforms: vec![rng.uniform()], history: None }).collect();
     let out = calls::sample(&p, pol, &batch, &[&prm, &prm, &prm], 100).unwrap();
     assert_eq!(out.len(), 3);
     for d in out {
@@ -64,10 +63,19 @@ fn verifier_verify() {
     let (p, pol) = r.resolve(PluginKind::Verifier, None).unwrap();
     let logits: Vec<f32> = vec![3.0, 1.0, 0.5, 0.0];
     let c = candidates(&logits, 0);
-    let greedy = DraftStep { request_id: 1, draft_tokens: vec![0, 2], draft_probs: vec![1.0, 1.0], draft_candidates: None, target: vec![c.clone(), c.clone(), c.clone()], uniforms: vec![0.5; 4], greedy: true };
+    let greedy =
+        DraftStep { request_id: 1, draft_tokens: vec![0, 2], draft_probs: vec![1.0, 1.0], draft_candidates: None, target: vec![c.clone(), c.clone(), c.clone()], uniforms: vec![0.5; 4], greedy: true };
     let out = calls::verify(&p, pol, &[greedy], 4).unwrap();
     assert_eq!(out, vec![Verdict::Accept((1, 0))], "first draft matches argmax, second does not; correction is argmax");
-    let sampled = DraftStep { request_id: 2, draft_tokens: vec![0, 0], draft_probs: vec![0.01, 0.01], draft_candidates: None, target: vec![c.clone(), c.clone(), c], uniforms: vec![0.5, 0.5, 0.5, 0.3], greedy: false };
+    let sampled = DraftStep {
+        request_id: 2,
+        draft_tokens: vec![0, 0],
+        draft_probs: vec![0.01, 0.01],
+        draft_candidates: None,
+        target: vec![c.clone(), c.clone(), c],
+        uniforms: vec![0.5, 0.5, 0.5, 0.3],
+        greedy: false,
+    };
     let out = calls::verify(&p, pol, &[sampled], 4).unwrap();
     assert!(matches!(out[0], Verdict::Accept((2, _))), "q tiny vs p large: both accepted, bonus drawn: {out:?}");
 }

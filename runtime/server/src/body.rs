@@ -3,11 +3,11 @@
 
 use crate::error::ApiError;
 use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Request, State};
+use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::extract::rejection::BytesRejection;
-use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
 
 /// How far past its limit an oversize body is still read (and dropped) before the 413 goes
@@ -44,13 +44,7 @@ pub async fn limit_body(State(limit): State<usize>, req: Request, next: Next) ->
 
 /// The body bytes, or 413 when the body is over the route's limit.
 pub fn bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
-    body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            too_large(limit)
-        } else {
-            ApiError::bad_request(format!("could not read the request body: {e}"))
-        }
-    })
+    body.map_err(|e| if e.status() == StatusCode::PAYLOAD_TOO_LARGE { too_large(limit) } else { ApiError::bad_request(format!("could not read the request body: {e}")) })
 }
 
 /// Parses JSON into `T`; a type error names the field (`messages[0].content: invalid type ...`).

@@ -47,18 +47,54 @@ impl Metrics {
         let e2e = histogram("weft_e2e_request_latency_seconds", "Time from request arrival to its last token.", vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0]);
         let outcomes = IntCounterVec::new(Opts::new("weft_requests_total", "Finished choices by outcome (stop, length, error, aborted)."), &["outcome"]).unwrap();
         let engine_gauges = GaugeVec::new(Opts::new("weft_engine", "Engine state: requests running/waiting, KV pages used/free/total/cached."), &["state"]).unwrap();
-        let engine_counters = IntCounterVec::new(Opts::new("weft_engine_events_total", "Engine counters: prompt and generated tokens, prefix-cache hit and queried tokens, steps, preemptions."), &["event"]).unwrap();
-        let speculative = GaugeVec::new(Opts::new("weft_speculative", "Speculative decoding since start, per drafter: acceptance_rate (accepted / drafted tokens) and mean_accepted_length (tokens per verify step, the correction or bonus token included)."), &["drafter", "stat"]).unwrap();
+        let engine_counters =
+            IntCounterVec::new(Opts::new("weft_engine_events_total", "Engine counters: prompt and generated tokens, prefix-cache hit and queried tokens, steps, preemptions."), &["event"]).unwrap();
+        let speculative = GaugeVec::new(
+            Opts::new(
+                "weft_speculative",
+                "Speculative decoding since start, per drafter: acceptance_rate (accepted / drafted tokens) and mean_accepted_length (tokens per verify step, the correction or bonus token included).",
+            ),
+            &["drafter", "stat"],
+        )
+        .unwrap();
         let hit_rate = Gauge::new("weft_prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / prompt tokens looked up, since start.").unwrap();
         let tokens_per_s = Gauge::new("weft_generation_tokens_per_second", "Generated tokens per second over the last 10 seconds.").unwrap();
         let labels = &["kind", "name", "version", "what"];
         let plugin_counters = IntCounterVec::new(Opts::new("weft_plugin_events_total", "Per plugin version: calls, faults, fallbacks."), labels).unwrap();
         let plugin_seconds = prometheus::CounterVec::new(Opts::new("weft_plugin_call_seconds_total", "Per plugin version: total seconds inside calls."), &["kind", "name", "version"]).unwrap();
         let plugin_gauges = GaugeVec::new(Opts::new("weft_plugin_version", "Per plugin version: active (1/0), in_use (requests bound to it), mean_call_us."), labels).unwrap();
-        for c in [Box::new(ttft.clone()) as Box<dyn prometheus::core::Collector>, Box::new(itl.clone()), Box::new(e2e.clone()), Box::new(outcomes.clone()), Box::new(engine_gauges.clone()), Box::new(engine_counters.clone()), Box::new(speculative.clone()), Box::new(hit_rate.clone()), Box::new(tokens_per_s.clone()), Box::new(plugin_counters.clone()), Box::new(plugin_seconds.clone()), Box::new(plugin_gauges.clone())] {
+        for c in [
+            Box::new(ttft.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(itl.clone()),
+            Box::new(e2e.clone()),
+            Box::new(outcomes.clone()),
+            Box::new(engine_gauges.clone()),
+            Box::new(engine_counters.clone()),
+            Box::new(speculative.clone()),
+            Box::new(hit_rate.clone()),
+            Box::new(tokens_per_s.clone()),
+            Box::new(plugin_counters.clone()),
+            Box::new(plugin_seconds.clone()),
+            Box::new(plugin_gauges.clone()),
+        ] {
             registry.register(c).expect("unique metric names");
         }
-        Metrics { registry, ttft, itl, e2e, outcomes, engine_gauges, engine_counters, speculative, hit_rate, tokens_per_s, plugin_counters, plugin_seconds, plugin_gauges, window: Mutex::new(VecDeque::new()) }
+        Metrics {
+            registry,
+            ttft,
+            itl,
+            e2e,
+            outcomes,
+            engine_gauges,
+            engine_counters,
+            speculative,
+            hit_rate,
+            tokens_per_s,
+            plugin_counters,
+            plugin_seconds,
+            plugin_gauges,
+            window: Mutex::new(VecDeque::new()),
+        }
     }
 
     pub fn request_failed(&self) {
@@ -94,7 +130,18 @@ impl Metrics {
         g.with_label_values(&["kv_pages_cached"]).set(e.cached_pages as f64);
         // Counters mirror the engine's own monotone counters.
         self.engine_counters.reset();
-        for (k, v) in [("prompt_tokens", e.prompt_tokens), ("generated_tokens", e.generated_tokens), ("prefix_cache_hit_tokens", e.prefix_hit_tokens), ("prefix_cache_query_tokens", e.prefix_query_tokens), ("steps", e.steps), ("preemptions", e.preemptions), ("aborted", e.aborted), ("spec_verify_steps", e.spec_rounds), ("spec_draft_tokens", e.spec_drafted), ("spec_accepted_tokens", e.spec_accepted)] {
+        for (k, v) in [
+            ("prompt_tokens", e.prompt_tokens),
+            ("generated_tokens", e.generated_tokens),
+            ("prefix_cache_hit_tokens", e.prefix_hit_tokens),
+            ("prefix_cache_query_tokens", e.prefix_query_tokens),
+            ("steps", e.steps),
+            ("preemptions", e.preemptions),
+            ("aborted", e.aborted),
+            ("spec_verify_steps", e.spec_rounds),
+            ("spec_draft_tokens", e.spec_drafted),
+            ("spec_accepted_tokens", e.spec_accepted),
+        ] {
             self.engine_counters.with_label_values(&[k]).inc_by(v);
         }
         self.speculative.reset();

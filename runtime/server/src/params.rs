@@ -66,7 +66,12 @@ fn token_id(name: &str, v: i64, vocab: usize) -> Result<u32, ApiError> {
 /// 404 unless `model` is absent or names the served model.
 pub fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
     match model {
-        Some(m) if m != state.model_name => Err(ApiError { status: StatusCode::NOT_FOUND, message: format!("The model `{m}` does not exist; this server serves `{}`", state.model_name), param: Some("model".into()), code: Some("model_not_found") }),
+        Some(m) if m != state.model_name => Err(ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!("The model `{m}` does not exist; this server serves `{}`", state.model_name),
+            param: Some("model".into()),
+            code: Some("model_not_found"),
+        }),
         _ => Ok(()),
     }
 }
@@ -89,7 +94,9 @@ pub fn max_tokens(name: &str, given: Option<i64>, default: Option<usize>, prompt
     let room = ctx - prompt_len;
     match given {
         Some(m) if m < 1 => Err(ApiError::param(name, format!("`{name}` is {m}; it must be at least 1"))),
-        Some(m) if m as u64 > room as u64 => Err(ApiError::param(name, format!("the prompt ({prompt_len} tokens) plus `{name}` ({m}) exceeds this model's context length of {ctx} tokens")).with_code("context_length_exceeded")),
+        Some(m) if m as u64 > room as u64 => {
+            Err(ApiError::param(name, format!("the prompt ({prompt_len} tokens) plus `{name}` ({m}) exceeds this model's context length of {ctx} tokens")).with_code("context_length_exceeded"))
+        }
         Some(m) => Ok(m as usize),
         None => Ok(default.unwrap_or(room).min(room)),
     }

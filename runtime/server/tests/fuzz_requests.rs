@@ -37,8 +37,14 @@ fn seeds() -> Vec<(&'static str, Value)> {
         ("/v1/completions", json!({"model": "demo", "prompt": "Once upon a time", "max_tokens": 3, "temperature": 0})),
         ("/v1/completions", json!({"model": "demo", "prompt": ["a", "b"], "max_tokens": 2, "n": 2, "stop": ["\n", "x"], "logprobs": 2, "echo": true, "seed": 5})),
         ("/v1/completions", json!({"model": "demo", "prompt": [1, 2, 3], "max_tokens": 2, "stream": true, "stream_options": {"include_usage": true}, "top_p": 0.9, "top_k": 5, "min_p": 0.1})),
-        ("/v1/completions", json!({"model": "demo", "prompt": "hi", "max_tokens": 2, "logit_bias": {"5": 10}, "presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1, "stop_token_ids": [7], "sampler": "default"})),
-        ("/v1/chat/completions", json!({"model": "demo", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}], "max_tokens": 3, "logprobs": true, "top_logprobs": 2})),
+        (
+            "/v1/completions",
+            json!({"model": "demo", "prompt": "hi", "max_tokens": 2, "logit_bias": {"5": 10}, "presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1, "stop_token_ids": [7], "sampler": "default"}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "demo", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}], "max_tokens": 3, "logprobs": true, "top_logprobs": 2}),
+        ),
         ("/v1/chat/completions", json!({"model": "demo", "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}], "max_completion_tokens": 2, "stream": true, "n": 2})),
     ]
 }
@@ -186,12 +192,22 @@ async fn mutated_requests_get_success_or_a_clear_4xx() {
         let status = resp.status();
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();
         *by_status.entry(status.as_u16()).or_insert(0) += 1;
-        let shown = || format!("case {case}: {route} {}\n-> {status} {}", String::from_utf8_lossy(&body).chars().take(400).collect::<String>(), String::from_utf8_lossy(&bytes).chars().take(400).collect::<String>());
+        let shown = || {
+            format!(
+                "case {case}: {route} {}\n-> {status} {}",
+                String::from_utf8_lossy(&body).chars().take(400).collect::<String>(),
+                String::from_utf8_lossy(&bytes).chars().take(400).collect::<String>()
+            )
+        };
         assert!(!status.is_server_error(), "server error: {}", shown());
         if status == StatusCode::OK {
             ok += 1;
             let text = String::from_utf8_lossy(&bytes);
-            let good = if text.starts_with("data: ") { text.trim_end().ends_with("data: [DONE]") } else { serde_json::from_slice::<Value>(&bytes).is_ok_and(|j| j["choices"].is_array() && j["usage"].is_object()) };
+            let good = if text.starts_with("data: ") {
+                text.trim_end().ends_with("data: [DONE]")
+            } else {
+                serde_json::from_slice::<Value>(&bytes).is_ok_and(|j| j["choices"].is_array() && j["usage"].is_object())
+            };
             assert!(good, "malformed success: {}", shown());
         } else {
             rejected += 1;
