@@ -19,6 +19,8 @@ pub mod protocol;
 pub mod routes;
 pub mod state;
 pub mod stream;
+#[doc(hidden)]
+pub mod testing;
 
 pub use state::{AppState, ServerConfig};
 

@@ -12,11 +12,8 @@ use serde_json::{json, Value};
 use std::path::Path;
 use std::sync::Arc;
 use tower::ServiceExt;
-use weft_engine::{Engine, EngineConfig};
-use weft_model::tokenizer::TextTokenizer;
-use weft_model::LoadedModel;
-use weft_plugin_host::Registry;
-use weft_server::{AppState, ServerConfig};
+use weft_server::testing::clamp_lengths;
+use weft_server::AppState;
 
 struct Rng(u64);
 impl Rng {
@@ -131,31 +128,8 @@ fn mutate_bytes(b: &mut Vec<u8>, r: &mut Rng) {
     }
 }
 
-/// Keeps generations short: numbers in the length fields are clamped (their validation is in
-/// the bad-input table of the end-to-end suite).
-fn clamp(v: &mut Value) {
-    if let Value::Object(m) = v {
-        for (k, lim) in [("max_tokens", 4.0), ("max_completion_tokens", 4.0), ("n", 2.0), ("best_of", 2.0), ("logprobs", 3.0), ("top_logprobs", 3.0)] {
-            if let Some(x) = m.get(k).and_then(Value::as_f64) {
-                if x > lim {
-                    m.insert(k.into(), json!(lim as u64));
-                }
-            }
-        }
-        if m.get("max_tokens").is_none() && m.get("max_completion_tokens").is_none() {
-            m.insert("max_tokens".into(), json!(4));
-        }
-    }
-}
-
 fn state() -> Arc<AppState> {
-    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
-    let lm = LoadedModel::open(&demo, weft_backend::cpu::CpuBackend::new()).unwrap();
-    let tokenizer = Arc::new(TextTokenizer::from_dir(&demo).unwrap());
-    let defaults = lm.defaults.clone();
-    let registry = Arc::new(Registry::with_defaults(Default::default()).unwrap());
-    let engine = Arc::new(Engine::start(lm, registry, EngineConfig { num_pages: 128, page_size: 64, token_budget: 512, max_sequences: 32, spec: None }).unwrap());
-    Arc::new(AppState::new(engine, tokenizer, defaults, ServerConfig { model_name: "demo".into(), ..Default::default() }))
+    weft_server::testing::cpu_state(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,7 +149,7 @@ async fn mutated_requests_get_success_or_a_clear_4xx() {
             // a byte mutation that still parses gets its lengths clamped too
             match serde_json::from_slice::<Value>(&b) {
                 Ok(mut p) => {
-                    clamp(&mut p);
+                    clamp_lengths(&mut p);
                     serde_json::to_vec(&p).unwrap()
                 }
                 Err(_) => b,
@@ -184,7 +158,7 @@ async fn mutated_requests_get_success_or_a_clear_4xx() {
             for _ in 0..1 + r.below(3) {
                 mutate_json(&mut v, &mut r, 0);
             }
-            clamp(&mut v);
+            clamp_lengths(&mut v);
             serde_json::to_vec(&v).unwrap()
         };
         let req = Request::post(route).header("content-type", "application/json").body(Body::from(body.clone())).unwrap();
