@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with the binaries built on a Rust machine in
-# .device/ (cuda-kernels-test, weft, gpu_bench, roofline; scripts/gpu/build_device.sh): kernels against
+# .device/ (cuda-kernels-test, cuda-step_graphs-test, weft, gpu_bench, roofline; scripts/gpu/build_device.sh): kernels against
 # the CPU reference, then speed of the Moonlight-shaped and Kimi-K2-slice dummy models (decode
 # and prefill against the GPU's measured ceilings), the large-batch-only paths
 # (WEFT_CUDA_SLOW=1) for comparison, and `weft serve` under `weft bench serve` load. Logs go to
@@ -16,6 +16,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT
 if [[ " $STEPS " == *" kernels "* ]]; then
 echo "== kernels and golden fixtures vs the CPU reference"
 timeout 150 .device/cuda-kernels-test --test-threads 1 --nocapture > "$OUT/kernels.txt" 2>&1
+timeout 60 .device/cuda-step_graphs-test --nocapture >> "$OUT/kernels.txt" 2>&1
 grep -E "rel err|dummy|test |SKIPPED|panicked|test result|sampling front" "$OUT/kernels.txt" | cut -c1-150
 for b in cpu cuda; do .device/weft generate --backend $b --prompt "Love is" --max-tokens 60 --temperature 0 --ignore-eos --json > "$OUT/demo-$b.json" 2>/dev/null; done
 python3 -c "

@@ -6,9 +6,10 @@
 //! bytes the step must move by its time: weights of attention, dense layers, shared experts and
 //! the expected number of distinct routed experts the batch selects (uniform routing:
 //! E·(1−(1−k/E)^B) per layer; dummy weights route close to uniformly), the lm_head, the KV
-//! cache read and written. Next to the step time: how long the host took to enqueue it (a
-//! step whose enqueue is as long as the step waits on the host's launches) and the same step
-//! recorded as a CUDA graph and replayed (the GPU's own time, without launch gaps). Prefill:
+//! cache read and written. The step is timed as the engine runs it (recorded as a CUDA graph on
+//! its second occurrence, replayed after: `Backend::run_step`) and op by op, with how long the
+//! host took to enqueue it (an op-by-op step whose enqueue is as long as the step waits on
+//! the host's launches). Prefill:
 //! one sequence of `--prefill` tokens, FLOPs of the matmuls and attention over the step time,
 //! against the GEMM rate.
 //!
@@ -105,23 +106,6 @@ fn step_inputs(tables: &[Vec<u32>], pos: usize, step: usize, vocab: u64) -> (Vec
 
 /// Records `step` into a CUDA graph and returns the mean time of a replay (launch to
 /// completion, 16 replays after one warm-up).
-fn graph_replay(be: &CudaBackend, step: impl FnOnce() -> weft_backend::Result<()>) -> weft_backend::Result<f64> {
-    be.begin_capture()?;
-    let recorded = step();
-    let graph = be.end_capture();
-    recorded?;
-    let graph = graph?;
-    let err = |e: cudarc::driver::DriverError| weft_backend::BackendError::Device(format!("{e:?}"));
-    graph.launch().map_err(err)?;
-    be.synchronize()?;
-    let t = Instant::now();
-    for _ in 0..16 {
-        graph.launch().map_err(err)?;
-        be.synchronize()?;
-    }
-    Ok(t.elapsed().as_secs_f64() / 16.0)
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let dir = PathBuf::from(args.first().expect("usage: roofline DIR [--dummy] [--batch 1,8] [--ctx 1024] [--prefill 1024] [--steps 8]"));
@@ -181,21 +165,24 @@ fn main() {
     let width_bytes = model.kv_layout(1, PAGE).bytes_per_page_f32();
     let (free, _) = be.memory_info().unwrap_or((0, 0));
     let budget_pages = (free.saturating_sub(6 << 30)) / width_bytes;
-    let need = |b: usize, ctx: usize| b * (ctx + steps + 2).div_ceil(PAGE);
+    let need = |b: usize, ctx: usize| b * (ctx + 2 * steps + 4).div_ceil(PAGE);
     let max_pages =
         batches.iter().flat_map(|&b| ctxs.iter().map(move |&x| need(b, x))).filter(|&p| p <= budget_pages).max().unwrap_or(0).max(prefill.iter().map(|p| p.div_ceil(PAGE)).max().unwrap_or(0));
     let mut pool = be.alloc_kv_pool(model.kv_layout(max_pages, PAGE)).unwrap();
 
     println!();
-    println!("| batch | context | step ms | out tok/s | bytes/step GB | achieved GB/s | % of copy BW | host enqueue ms | graph replay ms | logits download ms | device front end ms (top-64) |");
+    println!(
+        "| batch | context | step ms | out tok/s | bytes/step GB | achieved GB/s | % of copy BW | op-by-op step ms | op-by-op host enqueue ms | logits download ms | device front end ms (top-64) |"
+    );
     println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("(step ms: the serving configuration, the step recorded as a CUDA graph and replayed; op by op: every kernel launched from the host)");
     for &ctx in &ctxs {
         for &b in &batches {
             if need(b, ctx) > max_pages {
                 println!("| {b} | {ctx} | skipped: the f32 KV cache needs {:.0} GB | | | | | | | | |", (need(b, ctx) * width_bytes) as f64 / 1e9);
                 continue;
             }
-            let per_seq = (ctx + steps + 2).div_ceil(PAGE);
+            let per_seq = (ctx + 2 * steps + 4).div_ceil(PAGE);
             let tables: Vec<Vec<u32>> = (0..b).map(|s| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect()).collect();
             let vocab = c.vocab_size as u64;
             // The sampling front end as the engine runs it for a plugin sampler: top-64 per row.
@@ -220,44 +207,39 @@ fn main() {
                 be.sampling_front(&mut logits, c.vocab_size, &fronts).unwrap();
                 (step_s, enqueue_s, dl, t.elapsed().as_secs_f64())
             };
-            run_step(0, true);
-            run_step(1, false);
-            let (mut tot, mut enq, mut dl, mut fe) = (0.0, 0.0, 0.0, 0.0);
-            for s in 0..steps {
-                let (a, q, d, f) = run_step(2 + s, s == 0);
-                tot += a;
-                enq += q;
-                if s == 0 {
-                    (dl, fe) = (d, f);
+            // Op by op (every kernel launched from the host), then as the engine runs it:
+            // recorded as a CUDA graph on the second step of the shape and replayed after.
+            let mut measure = |graphs: bool, first: usize| -> (f64, f64, f64, f64) {
+                be.set_step_graphs(graphs);
+                run_step(first, true);
+                run_step(first + 1, false);
+                let (mut tot, mut enq, mut dl, mut fe) = (0.0, 0.0, 0.0, 0.0);
+                for s in 0..steps {
+                    let (a, q, d, f) = run_step(first + 2 + s, s == 0);
+                    tot += a;
+                    enq += q;
+                    if s == 0 {
+                        (dl, fe) = (d, f);
+                    }
                 }
-            }
-            let (step, enq) = (tot / steps as f64, enq / steps as f64);
-            // The last step again, recorded as a CUDA graph and replayed: the GPU's own time for
-            // the step, without gaps between kernels waiting for the host's launches.
-            let graph = {
-                let last = 2 + steps - 1;
-                run_step(last, false);
-                let (tokens, positions, slots) = step_inputs(&tables, ctx + last, last, vocab);
-                let attn: Vec<AttnRow<'_>> = tables.iter().map(|t| AttnRow { block_table: t, ctx_len: ctx + last + 1 }).collect();
-                let batch = StepBatch { tokens: &tokens, positions: &positions, slots: &slots, attn: &attn };
-                graph_replay(be, || {
-                    let hidden = model.forward_hidden(&mut pool, &batch)?;
-                    let logits = model.logits(&hidden)?;
-                    std::mem::forget(logits); // graph-owned memory: lives with the graph
-                    std::mem::forget(hidden);
-                    Ok(())
-                })
+                (tot / steps as f64, enq / steps as f64, dl, fe)
             };
-            let graph = graph.map_or_else(|e| format!("n/a ({e})"), |g| format!("{:.3}", g * 1e3));
+            let (ops_step, ops_enq, _, _) = measure(false, 0);
+            let before = be.graph_stats();
+            let (step, _, dl, fe) = measure(true, 2 + steps);
+            let after = be.graph_stats();
+            let recorded = after.replayed >= before.replayed + steps as u64;
             let bytes = step_bytes(c, b, ctx);
             println!(
-                "| {b} | {ctx} | {:.3} | {:.0} | {:.2} | {:.0} | {:.1} % | {:.3} | {graph} | {:.2} | {:.2} |",
+                "| {b} | {ctx} | {:.3}{} | {:.0} | {:.2} | {:.0} | {:.1} % | {:.3} | {:.3} | {:.2} | {:.2} |",
                 step * 1e3,
+                if recorded { "" } else { " (not recorded)" },
                 b as f64 / step,
                 bytes / 1e9,
                 bytes / step / 1e9,
                 100.0 * bytes / step / copy_bw,
-                enq * 1e3,
+                ops_step * 1e3,
+                ops_enq * 1e3,
                 dl * 1e3,
                 fe * 1e3
             );

@@ -14,6 +14,7 @@
 
 mod dummy;
 mod gemv;
+mod graphs;
 mod mla;
 mod moe;
 mod ops;
@@ -22,6 +23,7 @@ mod uploads;
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream};
+pub use graphs::GraphStats;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use weft_backend::{BackendError, KvLayout, Result};
@@ -166,6 +168,10 @@ pub struct CudaBackend {
     expert_tables: Mutex<HashMap<u64, Arc<moe::ExpertTables>>>,
     /// Between `begin_capture` and `end_capture`: host copies are refused (see `no_capture`).
     capturing: std::sync::atomic::AtomicBool,
+    /// Recorded forward steps (`Backend::run_step`).
+    graphs: Mutex<graphs::StepGraphs>,
+    /// The step being recorded, while one is.
+    recording: Mutex<Option<graphs::Recording>>,
 }
 
 fn dev(e: impl std::fmt::Debug) -> BackendError {
@@ -269,6 +275,8 @@ impl CudaBackend {
             uploads: uploads::UploadCache::default(),
             expert_tables: Mutex::new(HashMap::new()),
             capturing: std::sync::atomic::AtomicBool::new(false),
+            graphs: Mutex::new(graphs::StepGraphs::from_env()),
+            recording: Mutex::new(None),
         })
     }
 

@@ -40,7 +40,9 @@ impl CudaBackend {
         let l = pool.layout;
         let hg = heads.min(HEAD_GROUP);
         let groups = heads / hg;
-        let max_ctx = rows.iter().map(|r| r.ctx_len).max().unwrap_or(1);
+        // While a step is recorded, sized for its context bucket (the graph serves every step
+        // up to it; splits past a row's context are empty).
+        let max_ctx = self.split_context(rows.iter().map(|r| r.ctx_len).max().unwrap_or(1));
         // Enough blocks for a few waves over every SM; each split at least one tile.
         let base = rows.len() * groups;
         let want = (4 * self.num_sms).div_ceil(base.max(1));

@@ -93,8 +93,13 @@ impl CudaBackend {
         }
         let key = ptrs[0];
         let mut cache = self.expert_tables.lock().unwrap();
-        if let Some(t) = cache.get(&key).filter(|t| t.ptrs == ptrs) {
-            return Ok(t.clone());
+        if let Some(t) = cache.get(&key).filter(|t| t.ptrs == ptrs).cloned() {
+            drop(cache);
+            // A step being recorded reads these tables on every replay.
+            if let Some(rec) = self.recording.lock().unwrap().as_mut() {
+                rec.keep_tables.push(t.clone());
+            }
+            return Ok(t);
         }
         self.no_capture("the experts' pointer tables")?;
         let col = |i: usize| -> Result<CudaSlice<u64>> { self.stream.clone_htod(&ptrs.iter().skip(i).step_by(4).take(experts.len()).copied().collect::<Vec<u64>>()).map_err(dev) };

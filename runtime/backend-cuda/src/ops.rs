@@ -2,11 +2,12 @@
 //! the small host-side arrays each op takes (ids, positions, slots, block tables), kernel
 //! launches and cuBLAS calls.
 
+use crate::graphs::{pack_tables, StepArray};
 use crate::{dev, CudaBackend, CudaKvPool, CudaMatrix, Fp8Weight};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use std::ffi::c_void;
-use weft_backend::{AttnRow, Backend, BackendError, ExpertWeights, HostMatrix, KvLayout, Result, RopeParams, RouterConfig, WeightDtype};
+use weft_backend::{AttnRow, Backend, BackendError, ExpertWeights, HostMatrix, KvLayout, Result, RopeParams, RouterConfig, StepBatch, WeightDtype};
 
 const BLOCK: u32 = 256;
 
@@ -173,6 +174,10 @@ impl Backend for CudaBackend {
         "cuda"
     }
 
+    fn run_step(&self, pool: &mut CudaKvPool, step: &StepBatch<'_>, out_len: usize, run: &mut dyn FnMut(&mut CudaKvPool) -> Result<CudaSlice<f32>>) -> Result<CudaSlice<f32>> {
+        self.run_step_graph(pool, step, out_len, run)
+    }
+
     fn memory_info(&self) -> Option<(usize, usize)> {
         self.ctx.bind_to_thread().ok()?;
         cudarc::driver::result::mem_get_info().ok()
@@ -230,7 +235,7 @@ impl Backend for CudaBackend {
             return Err(shape("embed", "an fp8 embedding table (kept bf16 at load)".into()));
         }
         let d = table.cols as u32;
-        let idb = self.cached_u32(ids)?;
+        let idb = self.step_array(StepArray::Ids, ids)?;
         let idb = &*idb;
         let mut out = self.out(ids.len() * table.cols)?;
         let mut l = self.stream.launch_builder(self.func("embed_bf16"));
@@ -338,7 +343,7 @@ impl Backend for CudaBackend {
         if m != positions.len() {
             return Err(shape("mla_split_rope_q", format!("{} positions for {m} rows", positions.len())));
         }
-        let (pb, fb) = (self.cached_u32(positions)?, self.cached_f32_bits(&rope.inv_freq)?);
+        let (pb, fb) = (self.step_array(StepArray::Positions, positions)?, self.cached_f32_bits(&rope.inv_freq)?);
         let (pb, fb) = (&*pb, &*fb);
         let mut qn = self.out(m * heads * nope)?;
         let mut qp = self.out(m * heads * rope_dim)?;
@@ -359,7 +364,7 @@ impl Backend for CudaBackend {
             return Err(shape("mla_store_kv", format!("slot {bad} outside pool")));
         }
         let stride = lay.num_pages * lay.page_size * lay.width();
-        let (pb, sb, fb) = (self.cached_u32(positions)?, self.cached_u32(slots)?, self.cached_f32_bits(&rope.inv_freq)?);
+        let (pb, sb, fb) = (self.step_array(StepArray::Positions, positions)?, self.step_array(StepArray::Slots, slots)?, self.cached_f32_bits(&rope.inv_freq)?);
         let (pb, sb, fb) = (&*pb, &*sb, &*fb);
         let (lat, rd, inter) = (lay.latent_dim as u32, lay.rope_dim as u32, rope.interleaved as i32);
         let mut view = pool.data.slice_mut(layer * stride..(layer + 1) * stride);
@@ -377,7 +382,6 @@ impl Backend for CudaBackend {
         if l.latent_dim > 4 * BLOCK as usize {
             return Err(shape("mla_attention", format!("latent dim {} above {}", l.latent_dim, 4 * BLOCK)));
         }
-        let (mut bt, mut off, mut ctx) = (vec![], vec![], vec![]);
         for r in rows {
             if r.ctx_len == 0 || r.ctx_len.div_ceil(l.page_size) > r.block_table.len() {
                 return Err(shape("mla_attention", format!("context {} not covered by {} pages", r.ctx_len, r.block_table.len())));
@@ -385,11 +389,9 @@ impl Backend for CudaBackend {
             if let Some(p) = r.block_table.iter().find(|&&p| p as usize >= l.num_pages) {
                 return Err(shape("mla_attention", format!("page {p} outside pool")));
             }
-            off.push(bt.len() as u32);
-            bt.extend_from_slice(r.block_table);
-            ctx.push(r.ctx_len as u32);
         }
-        let (btb, offb, ctxb) = (self.cached_u32(&bt)?, self.cached_u32(&off)?, self.cached_u32(&ctx)?);
+        let [bt, off, ctx] = pack_tables(rows);
+        let (btb, offb, ctxb) = (self.step_array(StepArray::Tables, &bt)?, self.step_array(StepArray::Offsets, &off)?, self.step_array(StepArray::Lens, &ctx)?);
         let (btb, offb, ctxb) = (&*btb, &*offb, &*ctxb);
         if self.mla_split_fits(pool, heads) {
             return self.mla_split(pool, layer, q_lat, q_pe, heads, rows, scale, [btb, offb, ctxb]);

@@ -31,8 +31,14 @@ impl CudaBackend {
     pub(crate) fn cached_u32(&self, v: &[u32]) -> Result<Arc<CudaSlice<u32>>> {
         let key = hash(v);
         let mut map = self.uploads.map.lock().unwrap();
-        if let Some(hit) = map.get(&key).and_then(|b| b.iter().find(|e| e.0 == v)) {
-            return Ok(hit.1.clone());
+        if let Some(hit) = map.get(&key).and_then(|b| b.iter().find(|e| e.0 == v)).map(|e| e.1.clone()) {
+            drop(map);
+            // A step being recorded reads this buffer on every replay: keep it alive as long
+            // as the recording, whatever the cache does.
+            if let Some(rec) = self.recording.lock().unwrap().as_mut() {
+                rec.keep.push(hit.clone());
+            }
+            return Ok(hit);
         }
         self.no_capture("an upload-cache miss")?;
         if map.values().map(Vec::len).sum::<usize>() >= MAX_ENTRIES {

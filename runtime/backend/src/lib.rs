@@ -66,6 +66,17 @@ pub struct AttnRow<'a> {
     pub ctx_len: usize,
 }
 
+/// One forward step's tokens (prefill chunks and decode tokens of any number of sequences).
+/// All slices have one entry per token.
+pub struct StepBatch<'a> {
+    pub tokens: &'a [u32],
+    pub positions: &'a [u32],
+    /// Pool slot (`page * page_size + offset`) where each token's latent is stored.
+    pub slots: &'a [u32],
+    /// What each token attends to (its sequence's pages, context up to and including itself).
+    pub attn: &'a [AttnRow<'a>],
+}
+
 /// Routing configuration of one MoE layer, exactly as DeepSeek-V3 publishes it.
 #[derive(Clone, Debug)]
 pub struct RouterConfig {
@@ -98,6 +109,16 @@ pub trait Backend: Send + Sync + 'static {
     /// (sizing the KV pool from a memory fraction).
     fn memory_info(&self) -> Option<(usize, usize)> {
         None
+    }
+
+    /// Runs one forward step: `run` issues the step's ops on `pool` for `step` and returns a
+    /// buffer of `out_len` values. A backend that records steps (CUDA graphs) may replay an
+    /// earlier recording of a step of the same shape instead, with `step`'s tokens, positions,
+    /// slots and block tables as its inputs; the result must equal what `run` would return.
+    /// The default runs `run`.
+    fn run_step(&self, pool: &mut Self::KvPool, step: &StepBatch<'_>, out_len: usize, run: &mut dyn FnMut(&mut Self::KvPool) -> Result<Self::Buf>) -> Result<Self::Buf> {
+        let _ = (step, out_len);
+        run(pool)
     }
 
     // ---- memory ----

@@ -5,17 +5,8 @@
 
 use crate::config::ModelConfig;
 use crate::weights::{FeedForward, LayerWeights, ModelWeights, QueryProj};
-use weft_backend::{AttnRow, Backend, KvLayout, Result, RopeParams, RouterConfig};
-
-/// One forward step's tokens. All slices have one entry per token.
-pub struct StepBatch<'a> {
-    pub tokens: &'a [u32],
-    pub positions: &'a [u32],
-    /// Pool slot (`page * page_size + offset`) where each token's latent is stored.
-    pub slots: &'a [u32],
-    /// What each token attends to (its sequence's pages, context up to and including itself).
-    pub attn: &'a [AttnRow<'a>],
-}
+pub use weft_backend::StepBatch;
+use weft_backend::{Backend, KvLayout, Result, RopeParams, RouterConfig};
 
 /// A loaded model bound to its backend.
 pub struct DeepseekV3<B: Backend> {
@@ -49,8 +40,15 @@ impl<B: Backend> DeepseekV3<B> {
     }
 
     /// Runs the decoder over `batch`, writing every token's latent into `pool`, and returns
-    /// the final-normed hidden states `[tokens, hidden]`.
+    /// the final-normed hidden states `[tokens, hidden]`. The backend may replay a recorded
+    /// step of the same shape instead of issuing each op ([`Backend::run_step`]).
     pub fn forward_hidden(&self, pool: &mut B::KvPool, batch: &StepBatch<'_>) -> Result<B::Buf> {
+        let out_len = batch.tokens.len() * self.cfg.hidden_size;
+        self.backend.run_step(pool, batch, out_len, &mut |pool| self.forward_ops(pool, batch))
+    }
+
+    /// The step's ops, one by one.
+    fn forward_ops(&self, pool: &mut B::KvPool, batch: &StepBatch<'_>) -> Result<B::Buf> {
         let be = &self.backend;
         let c = &self.cfg;
         let eps = c.rms_norm_eps as f32;
