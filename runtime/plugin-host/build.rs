@@ -16,8 +16,10 @@ fn main() {
     // WEFT_GUEST_TOOLCHAIN=stable builds the guests with that rustup toolchain instead of the
     // one building the host: cargo-fuzz builds the host with a nightly that may lack the
     // wasm32-wasip2 target.
-    let mut cmd = match std::env::var("WEFT_GUEST_TOOLCHAIN") {
-        Ok(t) if !t.is_empty() => {
+    let guest_toolchain = std::env::var("WEFT_GUEST_TOOLCHAIN").ok().filter(|t| !t.is_empty());
+    ensure_wasm_target(&root, guest_toolchain.as_deref());
+    let mut cmd = match &guest_toolchain {
+        Some(t) => {
             let mut c = Command::new("cargo");
             c.arg(format!("+{t}")).env_remove("RUSTUP_TOOLCHAIN").env_remove("RUSTC").env_remove("RUSTDOC");
             c
@@ -35,4 +37,31 @@ fn main() {
     }
     let out = target_dir.join("wasm32-wasip2/release");
     println!("cargo:rustc-env=WEFT_PLUGIN_DIR={}", out.display());
+}
+
+/// A toolchain that rustup installed before rust-toolchain.toml asked for the wasm32-wasip2
+/// target lacks it: add it (one download, once) instead of failing the build.
+fn ensure_wasm_target(root: &std::path::Path, toolchain: Option<&str>) {
+    let mut rustc = match toolchain {
+        Some(t) => {
+            let mut c = Command::new("rustc");
+            c.arg(format!("+{t}")).env_remove("RUSTUP_TOOLCHAIN");
+            c
+        }
+        None => Command::new(std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into())),
+    };
+    let sysroot = match rustc.current_dir(root).args(["--print", "sysroot"]).output() {
+        Ok(o) if o.status.success() => PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()),
+        _ => return,
+    };
+    if sysroot.join("lib/rustlib/wasm32-wasip2").exists() {
+        return;
+    }
+    let mut add = Command::new("rustup");
+    add.current_dir(root).args(["target", "add", "wasm32-wasip2"]);
+    if let Some(t) = toolchain {
+        add.args(["--toolchain", t]);
+    }
+    // Without rustup (or offline) the plugin build below fails with its own clear message.
+    let _ = add.status();
 }
