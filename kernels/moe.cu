@@ -31,8 +31,8 @@ __device__ int block_argmax(const float* choice, const unsigned char* taken, u32
     return r;
 }
 
-// One block per token: ids[t*k + j], w[t*k + j] for the k selected experts.
-extern "C" __global__ void moe_route(const float* logits, const float* bias, u32 E, u32 K, u32 n_group, u32 topk_group, int norm, float scaling, u32* ids, float* wts) {
+// Block blockIdx.x routes its token: ids[t*k + j], w[t*k + j] for the k selected experts.
+__device__ void route_token(const float* logits, const float* bias, u32 E, u32 K, u32 n_group, u32 topk_group, int norm, float scaling, u32* ids, float* wts) {
     __shared__ float score[MOE_MAX_EXPERTS], choice[MOE_MAX_EXPERTS];
     __shared__ unsigned char taken[MOE_MAX_EXPERTS];
     __shared__ float gscore[MOE_MAX_GROUPS];
@@ -102,8 +102,9 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, u32
 
 // One block: plan[0] = number of active experts A, plan[1..1+A] their ids, then offsets
 // plan[1+MAXA .. 1+MAXA+A+1] into plan[2+2*MAXA ..] = the entries (t*k + j) each serves.
-// Entries of one expert are in no particular order; each is computed independently.
-extern "C" __global__ void moe_plan(const u32* ids, u32 n, u32 E, u32 maxa, u32* plan) {
+// Entries of one expert are in no particular order; each is computed independently. `ids`
+// were written by other blocks of the same launch: read past L1 (volatile).
+__device__ void plan_experts(const volatile u32* ids, u32 n, u32 E, u32 maxa, u32* plan) {
     __shared__ u32 count[MOE_MAX_EXPERTS], slot[MOE_MAX_EXPERTS], fill[MOE_MAX_EXPERTS];
     for (u32 e = threadIdx.x; e < E; e += blockDim.x) { count[e] = 0; fill[e] = 0; }
     __syncthreads();
@@ -126,6 +127,21 @@ extern "C" __global__ void moe_plan(const u32* ids, u32 n, u32 E, u32 maxa, u32*
         u32 p = atomicAdd(&fill[e], 1u);
         ent[off[slot[e]] + p] = i;
     }
+}
+
+// Routing and the plan in one launch: one block per token routes it; the last block to finish
+// (a device-wide counter, reset by that block for the next launch) makes the plan.
+extern "C" __global__ void moe_route_plan(const float* logits, const float* bias, u32 E, u32 K, u32 n_group, u32 topk_group, int norm, float scaling, u32* ids, float* wts, u32 maxa, u32* plan, u32* counter) {
+    __shared__ bool last;
+    route_token(logits, bias, E, K, n_group, topk_group, norm, scaling, ids, wts);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    plan_experts(ids, gridDim.x * K, E, maxa, plan);
+    if (threadIdx.x == 0) *counter = 0u;
 }
 
 // Per-expert weight pointers (device arrays indexed by expert id).
@@ -212,12 +228,14 @@ __device__ void moe_down_body(ExpertTable T, const u32* plan, u32 maxa, const fl
 MOE_ENTRY(1)
 MOE_ENTRY(8)
 
-// out[t, :] = sum_j w[t*k + j] * y[t*k + j, :], slots summed in order (deterministic).
-extern "C" __global__ void moe_combine(const float* __restrict__ y, const float* __restrict__ wts, float* __restrict__ out, u32 k, u32 hidden) {
+// out[t, :] = sum_j w[t*k + j] * y[t*k + j, :], slots summed in order (deterministic), then
+// + add[t, :] (the shared experts' output) when has_add.
+extern "C" __global__ void moe_combine(const float* __restrict__ y, const float* __restrict__ wts, const float* __restrict__ add, int has_add, float* __restrict__ out, u32 k, u32 hidden) {
     i64 t = blockIdx.x;
     for (u32 d = threadIdx.x; d < hidden; d += blockDim.x) {
         float s = 0.f;
         for (u32 j = 0; j < k; j++) s += wts[t * k + j] * y[(t * k + j) * hidden + d];
+        if (has_add) s += add[t * hidden + d];
         out[t * hidden + d] = s;
     }
 }

@@ -45,12 +45,14 @@ template <bool ADD>
 __device__ void rms_row_regs(const float* src, const float* delta, float* res, const float* w, float* out, u32 dim, float eps, float* sh) {
     // Every load is issued before the first store: `res` aliases `src`, so a store between
     // them would make each load wait for the previous one (a latency chain per element).
-    float v[RMS_REGS], dv[RMS_REGS];
+    // The norm weights are loaded with the row, not after the reduction (one latency, not two).
+    float v[RMS_REGS], dv[RMS_REGS], wv[RMS_REGS];
 #pragma unroll
     for (int k = 0; k < RMS_REGS; k++) {
         u32 j = threadIdx.x + k * blockDim.x;
         v[k] = j < dim ? src[j] : 0.f;
         dv[k] = ADD && j < dim ? delta[j] : 0.f;
+        wv[k] = j < dim ? w[j] : 0.f;
     }
     float s = 0.f;
 #pragma unroll
@@ -66,7 +68,7 @@ __device__ void rms_row_regs(const float* src, const float* delta, float* res, c
 #pragma unroll
     for (int k = 0; k < RMS_REGS; k++) {
         u32 j = threadIdx.x + k * blockDim.x;
-        if (j < dim) out[j] = w[j] * (v[k] * r);
+        if (j < dim) out[j] = wv[k] * (v[k] * r);
     }
 }
 

@@ -5,7 +5,7 @@
 
 use crate::ops::flat;
 use crate::{dev, CudaBackend, CudaMatrix};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchArgs, LaunchConfig, PushKernelArg};
 use weft_backend::Result;
 
 /// Largest batch the bf16 weight-streaming path takes (beyond it tensor cores win).
@@ -14,6 +14,45 @@ pub const GEMV_MAX_M_BF16: usize = 8;
 /// copy of the weight (3 extra bytes of traffic per element).
 pub const GEMV_MAX_M_FP8: usize = 32;
 const THREADS: u32 = 256;
+/// Largest batch the tensor-core weight-streaming kernels (`kernels/mma.cu`) take; beyond it
+/// cuBLAS. They start at 2 rows (one row is the CUDA-core kernels' case; `WEFT_CUDA_MMA_MIN_M`
+/// moves that, for measurements).
+pub const MMA_MAX_M: usize = 64;
+const MMA_THREADS: u32 = 128;
+/// Weight rows per sub-group in the dense tensor-core kernels (two 16-row tiles).
+const MMA_UNIT: usize = 32;
+/// Tensor-core kernels by [bf16, fp8][8, 16, 32 activation rows per pass].
+const GEMV_MMA: [[&str; 3]; 2] = [["gemv_mma_bf16_n1", "gemv_mma_bf16_n2", "gemv_mma_bf16_n4"], ["gemv_mma_fp8_n1", "gemv_mma_fp8_n2", "gemv_mma_fp8_n4"]];
+const GEMV_GATED_MMA: [[&str; 3]; 2] = [["gemv_gated_mma_bf16_n1", "gemv_gated_mma_bf16_n2", "gemv_gated_mma_bf16_n4"], ["gemv_gated_mma_fp8_n1", "gemv_gated_mma_fp8_n2", "gemv_gated_mma_fp8_n4"]];
+
+/// The kernel arguments a weight contributes: its bf16 data, or its fp8 bytes, scales and
+/// scale grid (columns, block rows, block columns).
+struct WeightArgs<'a> {
+    w: &'a CudaMatrix,
+    grid: [u32; 3],
+}
+
+impl<'a> WeightArgs<'a> {
+    fn new(w: &'a CudaMatrix) -> Self {
+        let grid = w.fp8.as_ref().map_or([0; 3], |f| [f.grid_cols(w.cols) as u32, f.block_rows as u32, f.block_cols as u32]);
+        WeightArgs { w, grid }
+    }
+    fn push(&'a self, l: &mut LaunchArgs<'a>) {
+        match &self.w.fp8 {
+            None => l.arg(&self.w.data),
+            Some(f) => l.arg(&f.bytes).arg(&f.scales).arg(&self.grid[0]).arg(&self.grid[1]).arg(&self.grid[2]),
+        };
+    }
+}
+
+/// Index of the tensor-core kernel variant for `m` rows: passes of 8, 16 or 32.
+fn mma_variant(m: usize) -> usize {
+    match m {
+        0..=8 => 0,
+        9..=16 => 1,
+        _ => 2,
+    }
+}
 /// Kernels by [rows per sub-group 1/2/4][activation rows per pass 1 / GEMV_TB].
 const GEMV_BF16: [[&str; 2]; 3] = [["gemv_bf16_r1_t1", "gemv_bf16_r1_t8"], ["gemv_bf16_r2_t1", "gemv_bf16_r2_t8"], ["gemv_bf16_r4_t1", "gemv_bf16_r4_t8"]];
 const GEMV_FP8: [[&str; 2]; 3] = [["gemv_fp8_r1_t1", "gemv_fp8_r1_t8"], ["gemv_fp8_r2_t1", "gemv_fp8_r2_t8"], ["gemv_fp8_r4_t1", "gemv_fp8_r4_t8"]];
@@ -99,6 +138,45 @@ impl CudaBackend {
                 unsafe { l.launch(cfg) }.map_err(dev)?;
             }
         }
+        Ok(out)
+    }
+
+    /// Whether `w`, rows in groups of `group_rows`, goes through the tensor-core kernels for
+    /// `m` activation rows: whole 16-byte-per-lane chunks along each row (32 bf16 or 64 fp8
+    /// columns), whole 32-row units inside one group, one fp8 scale per 16-row tile and chunk.
+    pub(crate) fn gemv_mma_fits(&self, w: &CudaMatrix, m: usize, group_rows: usize) -> bool {
+        if !self.mma || self.slow_paths || !(self.mma_min_m..=MMA_MAX_M).contains(&m) || w.f32_data.is_some() {
+            return false;
+        }
+        let chunk = if w.fp8.is_some() { 64 } else { 32 };
+        w.cols % chunk == 0 && w.rows % MMA_UNIT == 0 && group_rows % MMA_UNIT == 0 && w.fp8.as_ref().is_none_or(|f| f.block_rows % 16 == 0 && f.block_cols % 64 == 0)
+    }
+
+    /// `gemv` on tensor cores (`gemv_mma_fits`).
+    pub(crate) fn gemv_mma(&self, w: &CudaMatrix, x: &CudaSlice<f32>, m: usize, groups: usize) -> Result<CudaSlice<f32>> {
+        let mut out = self.out(m * w.rows)?;
+        let per_block = (MMA_THREADS / crate::SUBGROUP) as usize;
+        let cfg = LaunchConfig { grid_dim: ((w.rows / MMA_UNIT).div_ceil(per_block) as u32, 1, 1), block_dim: (MMA_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let (m32, rows, cols, grp, xs) = (m as u32, w.rows as u32, w.cols as u32, (w.rows / groups) as u32, (groups * w.cols) as u32);
+        let wa = WeightArgs::new(w);
+        let mut l = self.stream.launch_builder(self.func(GEMV_MMA[w.fp8.is_some() as usize][mma_variant(m)]));
+        wa.push(&mut l);
+        l.arg(x).arg(&mut out).arg(&m32).arg(&rows).arg(&cols).arg(&grp).arg(&xs);
+        unsafe { l.launch(cfg) }.map_err(dev)?;
+        Ok(out)
+    }
+
+    /// `gemv_gated` on tensor cores (`gemv_mma_fits` of the stacked weight as one group).
+    pub(crate) fn gemv_gated_mma(&self, w: &CudaMatrix, x: &CudaSlice<f32>, m: usize, inter: usize) -> Result<CudaSlice<f32>> {
+        let mut out = self.out(m * inter)?;
+        let per_block = (MMA_THREADS / crate::SUBGROUP) as usize;
+        let cfg = LaunchConfig { grid_dim: ((inter / 16).div_ceil(per_block) as u32, 1, 1), block_dim: (MMA_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let (m32, i32_, cols) = (m as u32, inter as u32, w.cols as u32);
+        let wa = WeightArgs::new(w);
+        let mut l = self.stream.launch_builder(self.func(GEMV_GATED_MMA[w.fp8.is_some() as usize][mma_variant(m)]));
+        wa.push(&mut l);
+        l.arg(x).arg(&mut out).arg(&m32).arg(&i32_).arg(&cols);
+        unsafe { l.launch(cfg) }.map_err(dev)?;
         Ok(out)
     }
 

@@ -41,6 +41,8 @@ pub const KERNEL_SOURCE: &str = concat!(
     "\n",
     include_str!("../../../kernels/moe.cu"),
     "\n",
+    include_str!("../../../kernels/mma.cu"),
+    "\n",
     include_str!("../../../kernels/mla.cu"),
     "\n",
     include_str!("../../../kernels/dummy.cu"),
@@ -80,8 +82,7 @@ pub const KERNELS: &[&str] = &[
     "gemv_f32_t1",
     "gemv_f32_t8",
     "dequant_fp8_bf16",
-    "moe_route",
-    "moe_plan",
+    "moe_route_plan",
     "moe_gate_up_bf16_t1",
     "moe_gate_up_fp8_t1",
     "moe_down_bf16_t1",
@@ -90,6 +91,22 @@ pub const KERNELS: &[&str] = &[
     "moe_gate_up_fp8_t8",
     "moe_down_bf16_t8",
     "moe_down_fp8_t8",
+    "gemv_mma_bf16_n1",
+    "gemv_mma_bf16_n2",
+    "gemv_mma_bf16_n4",
+    "gemv_mma_fp8_n1",
+    "gemv_mma_fp8_n2",
+    "gemv_mma_fp8_n4",
+    "gemv_gated_mma_bf16_n1",
+    "gemv_gated_mma_bf16_n2",
+    "gemv_gated_mma_bf16_n4",
+    "gemv_gated_mma_fp8_n1",
+    "gemv_gated_mma_fp8_n2",
+    "gemv_gated_mma_fp8_n4",
+    "moe_gate_up_bf16_mma",
+    "moe_gate_up_fp8_mma",
+    "moe_down_bf16_mma",
+    "moe_down_fp8_mma",
     "moe_combine",
     "mla_decode",
     "mla_combine",
@@ -161,11 +178,21 @@ pub struct CudaBackend {
     /// Use only the large-batch paths (cuBLAS, host MoE routing, single-split attention):
     /// `WEFT_CUDA_SLOW=1`, for comparisons.
     pub slow_paths: bool,
+    /// Tensor-core expert kernels for several tokens per expert (`WEFT_CUDA_MMA=0`: the
+    /// CUDA-core ones, for comparisons).
+    pub mma: bool,
+    /// Fewest activation rows the dense tensor-core kernels take (2; `WEFT_CUDA_MMA_MIN_M`).
+    pub mma_min_m: usize,
+    /// Fewest 16-token tiles per MLA context split (1; `WEFT_CUDA_MLA_SPLIT_TILES`): fewer,
+    /// longer splits trade parallelism for less per-split work (query loads, partial outputs).
+    pub mla_split_tiles: usize,
     pub num_sms: usize,
     /// Largest dynamic shared memory a block may opt into.
     pub smem_optin: usize,
     uploads: uploads::UploadCache,
     expert_tables: Mutex<HashMap<u64, Arc<moe::ExpertTables>>>,
+    /// The routing kernel's count of finished blocks (zero between launches).
+    moe_counter: Mutex<CudaSlice<u32>>,
     /// Between `begin_capture` and `end_capture`: host copies are refused (see `no_capture`).
     capturing: std::sync::atomic::AtomicBool,
     /// Recorded forward steps (`Backend::run_step`).
@@ -254,11 +281,13 @@ impl CudaBackend {
         // cross-stream event tracking would only add two events per launch argument.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(dev)?;
+        let moe_counter = stream.alloc_zeros::<u32>(1).map_err(dev)?;
         keep_pool_memory(&ctx);
         let blas = std::panic::catch_unwind(|| CudaBlas::new(stream.clone())).map_err(|_| unavailable("cuBLAS could not be loaded".into()))?.map_err(dev)?;
         let poison = std::env::var("WEFT_CUDA_POISON").is_ok_and(|v| v == "1");
         let all_f32 = std::env::var("WEFT_CUDA_F32").is_ok_and(|v| v == "1");
         let slow_paths = std::env::var("WEFT_CUDA_SLOW").is_ok_and(|v| v == "1");
+        let mma = std::env::var("WEFT_CUDA_MMA").map_or(true, |v| v != "0");
         Ok(CudaBackend {
             ctx,
             stream,
@@ -270,10 +299,14 @@ impl CudaBackend {
             poison,
             all_f32,
             slow_paths,
+            mma,
+            mma_min_m: std::env::var("WEFT_CUDA_MMA_MIN_M").ok().and_then(|v| v.parse().ok()).unwrap_or(2),
+            mla_split_tiles: std::env::var("WEFT_CUDA_MLA_SPLIT_TILES").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1),
             num_sms,
             smem_optin,
             uploads: uploads::UploadCache::default(),
             expert_tables: Mutex::new(HashMap::new()),
+            moe_counter: Mutex::new(moe_counter),
             capturing: std::sync::atomic::AtomicBool::new(false),
             graphs: Mutex::new(graphs::StepGraphs::from_env()),
             recording: Mutex::new(None),

@@ -47,7 +47,7 @@ impl CudaBackend {
         let base = rows.len() * groups;
         let want = (4 * self.num_sms).div_ceil(base.max(1));
         let mut nsplit = want.clamp(1, max_ctx.div_ceil(TILE));
-        let chunk = max_ctx.div_ceil(nsplit).div_ceil(TILE) * TILE;
+        let chunk = (max_ctx.div_ceil(nsplit).div_ceil(TILE) * TILE).max(self.mla_split_tiles * TILE);
         nsplit = max_ctx.div_ceil(chunk);
         let parts = rows.len() * heads * nsplit;
         let mut o_part = self.out(parts * l.latent_dim)?;

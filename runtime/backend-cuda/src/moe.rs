@@ -13,8 +13,29 @@ const THREADS: u32 = 256;
 const MAX_EXPERTS: usize = 1024;
 const MAX_GROUPS: usize = 64;
 /// The device path is taken while experts see few tokens each on average (weight streaming
-/// beats per-expert tensor-core GEMMs there).
+/// beats per-expert GEMMs after host routing there): 8 on CUDA cores, 32 with the tensor-core
+/// expert kernels (passes of 16 entries; prefill chunks stay on the host path).
 const MAX_AVG_TOKENS_PER_EXPERT: usize = 8;
+const MAX_AVG_TOKENS_PER_EXPERT_MMA: usize = 32;
+
+/// Weight rows per tensor-core tile (`MMA_ROWS` in mma.cu) and threads per block there.
+const MMA_ROWS: usize = 16;
+const MMA_THREADS: u32 = 128;
+
+/// How the expert kernels run: one entry per active expert (a single decoding token), a few
+/// entries on CUDA cores, or tensor cores.
+#[derive(Clone, Copy)]
+enum Path {
+    One = 0,
+    Few = 1,
+    Mma = 2,
+}
+
+/// `[gate_up, down][bf16, fp8][Path]` kernel names.
+const EXPERT_KERNELS: [[[&str; 3]; 2]; 2] = [
+    [["moe_gate_up_bf16_t1", "moe_gate_up_bf16_t8", "moe_gate_up_bf16_mma"], ["moe_gate_up_fp8_t1", "moe_gate_up_fp8_t8", "moe_gate_up_fp8_mma"]],
+    [["moe_down_bf16_t1", "moe_down_bf16_t8", "moe_down_bf16_mma"], ["moe_down_fp8_t1", "moe_down_fp8_t8", "moe_down_fp8_mma"]],
+];
 
 /// Device arrays of every expert's weight (and fp8 scale) pointers for one layer.
 pub struct ExpertTables {
@@ -34,6 +55,17 @@ fn ptr_of<T>(be: &CudaBackend, s: &CudaSlice<T>) -> u64 {
 }
 
 impl CudaBackend {
+    /// Whether the tensor-core expert kernels take these shapes: whole 16-byte-per-lane chunks
+    /// along every row (32 bf16 or 64 fp8 columns), whole row tiles, one fp8 scale per tile
+    /// and chunk. `WEFT_CUDA_MMA=0` (the backend's `mma` flag) keeps the CUDA-core kernels.
+    fn moe_mma_fits(&self, first: &ExpertWeights<CudaMatrix>) -> bool {
+        let (hidden, inter) = (first.gate_up.cols, first.inter);
+        let fp8 = first.gate_up.fp8.is_some();
+        let chunk = if fp8 { 64 } else { 32 };
+        let scales_fit = [&first.gate_up, &first.down].iter().all(|m| m.fp8.as_ref().is_none_or(|f| f.block_rows % MMA_ROWS == 0 && f.block_cols % 64 == 0));
+        self.mma && hidden % chunk == 0 && inter % chunk == 0 && hidden % (2 * MMA_ROWS) == 0 && inter % MMA_ROWS == 0 && scales_fit
+    }
+
     /// Whether the device MoE path handles this layer and batch.
     pub(crate) fn moe_on_device_fits(&self, cfg: &RouterConfig, experts: &[ExpertWeights<CudaMatrix>], m: usize) -> bool {
         let e = cfg.n_experts;
@@ -43,7 +75,8 @@ impl CudaBackend {
         if cfg.n_group > 1 && (cfg.n_group > MAX_GROUPS || e % cfg.n_group != 0 || cfg.topk_group == 0 || cfg.topk_group > cfg.n_group) {
             return false;
         }
-        if m * cfg.top_k > MAX_AVG_TOKENS_PER_EXPERT * e {
+        let max_avg = if self.moe_mma_fits(&experts[0]) { MAX_AVG_TOKENS_PER_EXPERT_MMA } else { MAX_AVG_TOKENS_PER_EXPERT };
+        if m * cfg.top_k > max_avg * e {
             return false;
         }
         let first = &experts[0];
@@ -111,7 +144,8 @@ impl CudaBackend {
         Ok(t)
     }
 
-    /// Routing, experts and combine on the device; `[m, hidden]`.
+    /// Routing, experts and combine (plus the shared experts' output) on the device;
+    /// `[m, hidden]`.
     pub(crate) fn moe_on_device(
         &self,
         x: &CudaSlice<f32>,
@@ -121,6 +155,7 @@ impl CudaBackend {
         experts: &[ExpertWeights<CudaMatrix>],
         m: usize,
         hidden: usize,
+        shared: Option<&CudaSlice<f32>>,
     ) -> Result<CudaSlice<f32>> {
         let (e, k) = (cfg.n_experts, cfg.top_k);
         let n = m * k;
@@ -130,47 +165,55 @@ impl CudaBackend {
         let mut ids = unsafe { self.stream.alloc::<u32>(n) }.map_err(dev)?;
         let mut wts = self.out(n)?;
         let (e32, k32, ng, tg, norm, sc) = (e as u32, k as u32, cfg.n_group.max(1) as u32, cfg.topk_group as u32, cfg.norm_topk_prob as i32, cfg.routed_scaling_factor);
-        let mut l = self.stream.launch_builder(self.func("moe_route"));
-        l.arg(gate_logits).arg(bias).arg(&e32).arg(&k32).arg(&ng).arg(&tg).arg(&norm).arg(&sc).arg(&mut ids).arg(&mut wts);
-        unsafe { l.launch(LaunchConfig { grid_dim: (m as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }) }.map_err(dev)?;
         let mut plan = unsafe { self.stream.alloc::<u32>(2 + 2 * maxa + n) }.map_err(dev)?;
-        let (n32, maxa32) = (n as u32, maxa as u32);
-        let mut l = self.stream.launch_builder(self.func("moe_plan"));
-        l.arg(&ids).arg(&n32).arg(&e32).arg(&maxa32).arg(&mut plan);
-        unsafe { l.launch(LaunchConfig { grid_dim: (1, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }) }.map_err(dev)?;
+        let maxa32 = maxa as u32;
+        let counter = self.moe_counter.lock().unwrap();
+        let mut l = self.stream.launch_builder(self.func("moe_route_plan"));
+        l.arg(gate_logits).arg(bias).arg(&e32).arg(&k32).arg(&ng).arg(&tg).arg(&norm).arg(&sc).arg(&mut ids).arg(&mut wts).arg(&maxa32).arg(&mut plan).arg(&*counter);
+        unsafe { l.launch(LaunchConfig { grid_dim: (m as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }) }.map_err(dev)?;
+        drop(counter);
 
-        let warps = (THREADS / crate::SUBGROUP) as usize;
+        // Kernel shape: one entry per expert (a single decoding token), a few on CUDA cores,
+        // or tensor cores (a sub-group per 16 gate|up rows or 32 down rows, 16 tokens a pass).
+        let path = if m == 1 {
+            Path::One
+        } else if self.moe_mma_fits(&experts[0]) {
+            Path::Mma
+        } else {
+            Path::Few
+        };
+        let fp8 = tables.fp8.is_some() as usize;
         let (h32, i32_) = (hidden as u32, inter as u32);
+        let grid = |units: usize, threads: u32| {
+            let per_block = (threads / crate::SUBGROUP) as usize;
+            LaunchConfig { grid_dim: ((maxa * units.div_ceil(per_block)) as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+        };
+        let (gu_grid, down_grid) = match path {
+            Path::Mma => (grid(inter / MMA_ROWS, MMA_THREADS), grid(hidden / (2 * MMA_ROWS), MMA_THREADS)),
+            _ => (grid(inter, THREADS), grid(hidden, THREADS)),
+        };
         let mut h = self.out(n * inter)?;
-        let grid = |rows: usize| LaunchConfig { grid_dim: ((maxa * rows.div_ceil(warps)) as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
-        match tables.fp8 {
-            None => {
-                let mut l = self.stream.launch_builder(self.func(if m == 1 { "moe_gate_up_bf16_t1" } else { "moe_gate_up_bf16_t8" }));
-                l.arg(&tables.gate_up).arg(&plan).arg(&maxa32).arg(x).arg(&mut h).arg(&k32).arg(&h32).arg(&i32_);
-                unsafe { l.launch(grid(inter)) }.map_err(dev)?;
-            }
-            Some([(scc, br, bc), _]) => {
-                let mut l = self.stream.launch_builder(self.func(if m == 1 { "moe_gate_up_fp8_t1" } else { "moe_gate_up_fp8_t8" }));
-                l.arg(&tables.gate_up).arg(&tables.gate_up_sc).arg(&scc).arg(&br).arg(&bc).arg(&plan).arg(&maxa32).arg(x).arg(&mut h).arg(&k32).arg(&h32).arg(&i32_);
-                unsafe { l.launch(grid(inter)) }.map_err(dev)?;
-            }
+        let mut l = self.stream.launch_builder(self.func(EXPERT_KERNELS[0][fp8][path as usize]));
+        l.arg(&tables.gate_up);
+        if let Some([(scc, br, bc), _]) = &tables.fp8 {
+            l.arg(&tables.gate_up_sc).arg(scc).arg(br).arg(bc);
         }
+        l.arg(&plan).arg(&maxa32).arg(x).arg(&mut h).arg(&k32).arg(&h32).arg(&i32_);
+        unsafe { l.launch(gu_grid) }.map_err(dev)?;
         let mut y = self.out(n * hidden)?;
-        match tables.fp8 {
-            None => {
-                let mut l = self.stream.launch_builder(self.func(if m == 1 { "moe_down_bf16_t1" } else { "moe_down_bf16_t8" }));
-                l.arg(&tables.down).arg(&plan).arg(&maxa32).arg(&h).arg(&mut y).arg(&h32).arg(&i32_);
-                unsafe { l.launch(grid(hidden)) }.map_err(dev)?;
-            }
-            Some([_, (scc, br, bc)]) => {
-                let mut l = self.stream.launch_builder(self.func(if m == 1 { "moe_down_fp8_t1" } else { "moe_down_fp8_t8" }));
-                l.arg(&tables.down).arg(&tables.down_sc).arg(&scc).arg(&br).arg(&bc).arg(&plan).arg(&maxa32).arg(&h).arg(&mut y).arg(&h32).arg(&i32_);
-                unsafe { l.launch(grid(hidden)) }.map_err(dev)?;
-            }
+        let mut l = self.stream.launch_builder(self.func(EXPERT_KERNELS[1][fp8][path as usize]));
+        l.arg(&tables.down);
+        if let Some([_, (scc, br, bc)]) = &tables.fp8 {
+            l.arg(&tables.down_sc).arg(scc).arg(br).arg(bc);
         }
+        l.arg(&plan).arg(&maxa32).arg(&h).arg(&mut y).arg(&h32).arg(&i32_);
+        unsafe { l.launch(down_grid) }.map_err(dev)?;
         let mut out = self.out(m * hidden)?;
+        // Without a shared output the kernel is told so and reads nothing from `add`.
+        let add = shared.unwrap_or(&y);
+        let has_add = shared.is_some() as i32;
         let mut l = self.stream.launch_builder(self.func("moe_combine"));
-        l.arg(&y).arg(&wts).arg(&mut out).arg(&k32).arg(&h32);
+        l.arg(&y).arg(&wts).arg(add).arg(&has_add).arg(&mut out).arg(&k32).arg(&h32);
         unsafe { l.launch(LaunchConfig { grid_dim: (m as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }) }.map_err(dev)?;
         Ok(out)
     }

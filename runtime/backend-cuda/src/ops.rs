@@ -178,6 +178,11 @@ impl Backend for CudaBackend {
         self.run_step_graph(pool, step, out_len, run)
     }
 
+    fn step_recordings(&self) -> weft_backend::StepRecordings {
+        let g = self.graph_stats();
+        weft_backend::StepRecordings { recorded: g.recorded, replayed: g.replayed, failed: g.failed }
+    }
+
     fn memory_info(&self) -> Option<(usize, usize)> {
         self.ctx.bind_to_thread().ok()?;
         cudarc::driver::result::mem_get_info().ok()
@@ -283,6 +288,9 @@ impl Backend for CudaBackend {
 
     fn linear(&self, x: &CudaSlice<f32>, w: &CudaMatrix) -> Result<CudaSlice<f32>> {
         let m = check_rows("linear", self.len(x), w.cols)?;
+        if self.gemv_mma_fits(w, m, w.rows) {
+            return self.gemv_mma(w, x, m, 1);
+        }
         if self.gemv_fits(w, m) {
             return self.gemv(w, x, m, 1);
         }
@@ -297,6 +305,9 @@ impl Backend for CudaBackend {
         }
         let m = check_rows("head_linear", self.len(x), heads * w.cols)?;
         let n = w.rows / heads;
+        if self.gemv_mma_fits(w, m, n) {
+            return self.gemv_mma(w, x, m, heads);
+        }
         if self.gemv_fits(w, m) {
             return self.gemv(w, x, m, heads);
         }
@@ -330,6 +341,9 @@ impl Backend for CudaBackend {
         let m = check_rows("gated_up", self.len(x), gate_up.cols)?;
         if gate_up.rows != 2 * inter {
             return Err(shape("gated_up", format!("{} rows are not gate|up of {inter}", gate_up.rows)));
+        }
+        if self.gemv_mma_fits(gate_up, m, gate_up.rows) {
+            return self.gemv_gated_mma(gate_up, x, m, inter);
         }
         if self.gemv_fits(gate_up, m) && gate_up.f32_data.is_none() {
             return self.gemv_gated(gate_up, x, m, inter);
@@ -406,16 +420,54 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
-    fn moe(&self, x: &CudaSlice<f32>, gate_logits: &CudaSlice<f32>, bias: &CudaSlice<f32>, cfg_r: &RouterConfig, experts: &[ExpertWeights<CudaMatrix>]) -> Result<CudaSlice<f32>> {
+    fn moe(
+        &self,
+        x: &CudaSlice<f32>,
+        gate_logits: &CudaSlice<f32>,
+        bias: &CudaSlice<f32>,
+        cfg_r: &RouterConfig,
+        experts: &[ExpertWeights<CudaMatrix>],
+        shared: Option<&CudaSlice<f32>>,
+    ) -> Result<CudaSlice<f32>> {
         let e = cfg_r.n_experts;
         if experts.len() != e || bias.len() != e {
             return Err(shape("moe", format!("{} experts, {} biases, config says {e}", experts.len(), bias.len())));
         }
         let m = check_rows("moe", gate_logits.len(), e)?;
         let hidden = check_rows("moe", x.len(), m.max(1))?;
-        if self.moe_on_device_fits(cfg_r, experts, m) {
-            return self.moe_on_device(x, gate_logits, bias, cfg_r, experts, m, hidden);
+        if shared.is_some_and(|s| s.len() != x.len()) {
+            return Err(shape("moe", format!("shared output of {} values for {} inputs", shared.map_or(0, |s| s.len()), x.len())));
         }
+        if self.moe_on_device_fits(cfg_r, experts, m) {
+            return self.moe_on_device(x, gate_logits, bias, cfg_r, experts, m, hidden, shared);
+        }
+        let mut out = self.moe_host_routed(x, gate_logits, bias, cfg_r, experts, m, hidden)?;
+        if let Some(s) = shared {
+            self.add_inplace(&mut out, s)?;
+        }
+        Ok(out)
+    }
+
+    fn sampling_front(&self, logits: &mut CudaSlice<f32>, vocab: usize, rows: &[weft_backend::front::FrontRow]) -> Result<Vec<weft_backend::front::FrontOut>> {
+        self.front(logits, vocab, rows)
+    }
+}
+
+impl CudaBackend {
+    /// MoE with routing on the host (batches past the device path): one GEMM pair per active
+    /// expert, scattered back with the routing weights.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_host_routed(
+        &self,
+        x: &CudaSlice<f32>,
+        gate_logits: &CudaSlice<f32>,
+        bias: &CudaSlice<f32>,
+        cfg_r: &RouterConfig,
+        experts: &[ExpertWeights<CudaMatrix>],
+        m: usize,
+        hidden: usize,
+    ) -> Result<CudaSlice<f32>> {
+        let e = cfg_r.n_experts;
         // Routing on the host (small: m × n_experts), experts on the device.
         let logits = self.download(gate_logits)?;
         let bias_h = self.download(bias)?;
@@ -444,9 +496,5 @@ impl Backend for CudaBackend {
             unsafe { l.launch(cfg(ids.len(), 0)) }.map_err(dev)?;
         }
         Ok(out)
-    }
-
-    fn sampling_front(&self, logits: &mut CudaSlice<f32>, vocab: usize, rows: &[weft_backend::front::FrontRow]) -> Result<Vec<weft_backend::front::FrontOut>> {
-        self.front(logits, vocab, rows)
     }
 }

@@ -91,7 +91,7 @@ const F32_TOL: f32 = 1e-4;
 
 #[test]
 fn dense_ops_match_cpu() {
-    let Some(g) = gpu() else { return };
+    let Some(mut g) = gpu() else { return };
     let c = CpuBackend::new();
     let mut r = Rng(1);
     let (m, hidden, vocab) = (37, 2048, 4096);
@@ -141,53 +141,68 @@ fn dense_ops_match_cpu() {
         let got = g.download(&g.head_linear(&g.upload(&xin).unwrap(), heads, &g.upload_matrix(&wm).unwrap()).unwrap()).unwrap();
         check(name, &got, &c.head_linear(&xin, heads, &c.upload_matrix(&wm).unwrap()).unwrap(), GEMM_TOL);
     }
-    // Decode-sized batches take the weight-streaming kernels (f32 activations: tighter).
+    // Decode-sized batches take the weight-streaming kernels: one row on CUDA cores (f32
+    // activations: tight), several on tensor cores (bf16 activations, MMA_TOL) or, with mma
+    // off, on CUDA cores again; 40 rows of fp8 go to tensor cores or a bf16 copy and cuBLAS.
+    for mma in [false, true] {
+        g.mma = mma;
+        let few = if mma { MMA_TOL } else { 1e-5 };
+        let forty = if mma { MMA_TOL } else { GEMM_TOL };
+        decode_sized_linears(&g, &c, &mut r, &gate, few, forty, mma);
+    }
+    let gu = r.vec(m * 2 * 1408, 4.0);
+    check("silu_mul", &g.download(&g.silu_mul(&g.upload(&gu).unwrap(), 1408).unwrap()).unwrap(), &c.silu_mul(&gu, 1408).unwrap(), F32_TOL);
+}
+
+/// Linears at decode-sized batches: `few` is the tolerance for 2–8 rows, `forty` for 40 rows
+/// of fp8 (tensor cores, or a bf16 copy and cuBLAS with mma off).
+#[allow(clippy::too_many_arguments)]
+fn decode_sized_linears(g: &CudaBackend, c: &CpuBackend, r: &mut Rng, gate: &HostMatrix<'static>, few: f32, forty: f32, mma: bool) {
     for mm in [1usize, 3, 8] {
-        let wm = bf16_matrix(&mut r, 3072, 2048, 0.05);
+        let tol = if mm == 1 { 1e-5 } else { few };
+        let wm = bf16_matrix(r, 3072, 2048, 0.05);
         let xin = r.vec(mm * 2048, 1.0);
         let got = g.download(&g.linear(&g.upload(&xin).unwrap(), &g.upload_matrix(&wm).unwrap()).unwrap()).unwrap();
-        check(&format!("gemv bf16 m={mm}"), &got, &c.linear(&xin, &c.upload_matrix(&wm).unwrap()).unwrap(), 1e-5);
-        let wm = bf16_matrix(&mut r, 16 * 512, 128, 0.05);
+        check(&format!("gemv bf16 m={mm} mma={mma}"), &got, &c.linear(&xin, &c.upload_matrix(&wm).unwrap()).unwrap(), tol);
+        let wm = bf16_matrix(r, 16 * 512, 128, 0.05);
         let xin = r.vec(mm * 16 * 128, 1.0);
         let got = g.download(&g.head_linear(&g.upload(&xin).unwrap(), 16, &g.upload_matrix(&wm).unwrap()).unwrap()).unwrap();
-        check(&format!("gemv head_linear m={mm}"), &got, &c.head_linear(&xin, 16, &c.upload_matrix(&wm).unwrap()).unwrap(), 1e-5);
+        check(&format!("gemv head_linear m={mm} mma={mma}"), &got, &c.head_linear(&xin, 16, &c.upload_matrix(&wm).unwrap()).unwrap(), tol);
     }
     // Tall matrices take 2 or 4 rows per sub-group (lm_head-like; the row count leaves a
     // partial last group), the router gate its f32 kernel, at one and at several rows.
     for mm in [1usize, 5] {
-        let wm = bf16_matrix(&mut r, 9003, 256, 0.05);
+        let wm = bf16_matrix(r, 9003, 256, 0.05);
         let xin = r.vec(mm * 256, 1.0);
         let got = g.download(&g.linear(&g.upload(&xin).unwrap(), &g.upload_matrix(&wm).unwrap()).unwrap()).unwrap();
         check(&format!("gemv bf16 tall m={mm}"), &got, &c.linear(&xin, &c.upload_matrix(&wm).unwrap()).unwrap(), 1e-5);
-        let wm = fp8_matrix(&mut r, 9003, 512);
+        let wm = fp8_matrix(r, 9003, 512);
         let xin = r.vec(mm * 512, 1.0);
         let got = g.download(&g.linear(&g.upload(&xin).unwrap(), &g.upload_matrix(&wm).unwrap()).unwrap()).unwrap();
         check(&format!("gemv fp8 tall m={mm}"), &got, &c.linear(&xin, &c.upload_matrix(&wm).unwrap()).unwrap(), 1e-5);
-        let xin = r.vec(mm * hidden, 1.0);
+        let xin = r.vec(mm * 2048, 1.0);
         let got = g.download(&g.linear(&g.upload(&xin).unwrap(), &g.upload_matrix(&gate).unwrap()).unwrap()).unwrap();
         check(&format!("gemv router (f32) m={mm}"), &got, &c.linear(&xin, &c.upload_matrix(&gate).unwrap()).unwrap(), 1e-5);
     }
     // fp8 block-scaled weights (Kimi-K2 attention shapes, partial last blocks): read as fp8 for
     // small batches, through a bf16 copy and cuBLAS for large ones.
-    for (mm, tol) in [(1usize, 1e-5), (5, 1e-5), (40, GEMM_TOL)] {
-        let wm = fp8_matrix(&mut r, 1536 + 64, 7168);
+    for (mm, tol) in [(1usize, 1e-5), (5, few), (40, forty)] {
+        let wm = fp8_matrix(r, 1536 + 64, 7168);
         let xin = r.vec(mm * 7168, 1.0);
         let got = g.download(&g.linear(&g.upload(&xin).unwrap(), &g.upload_matrix(&wm).unwrap()).unwrap()).unwrap();
-        check(&format!("linear fp8 m={mm}"), &got, &c.linear(&xin, &c.upload_matrix(&wm).unwrap()).unwrap(), tol);
+        check(&format!("linear fp8 m={mm} mma={mma}"), &got, &c.linear(&xin, &c.upload_matrix(&wm).unwrap()).unwrap(), tol);
     }
     // gate|up with the activation fused (weight-streaming for a few rows, GEMM + silu_mul beyond)
-    for (mm, tol) in [(1usize, 1e-5), (5, 1e-5), (40, GEMM_TOL)] {
-        let wm = bf16_matrix(&mut r, 2 * 1408, 2048, 0.05);
+    for (mm, tol) in [(1usize, 1e-5), (5, few), (40, if mma { MMA_TOL } else { GEMM_TOL })] {
+        let wm = bf16_matrix(r, 2 * 1408, 2048, 0.05);
         let xin = r.vec(mm * 2048, 1.0);
         let got = g.download(&g.gated_up(&g.upload(&xin).unwrap(), &g.upload_matrix(&wm).unwrap(), 1408).unwrap()).unwrap();
-        check(&format!("gated_up bf16 m={mm}"), &got, &c.gated_up(&xin, &c.upload_matrix(&wm).unwrap(), 1408).unwrap(), tol);
-        let wm = fp8_matrix(&mut r, 2 * 1088, 1024);
+        check(&format!("gated_up bf16 m={mm} mma={mma}"), &got, &c.gated_up(&xin, &c.upload_matrix(&wm).unwrap(), 1408).unwrap(), tol);
+        let wm = fp8_matrix(r, 2 * 1088, 1024);
         let xin = r.vec(mm * 1024, 1.0);
         let got = g.download(&g.gated_up(&g.upload(&xin).unwrap(), &g.upload_matrix(&wm).unwrap(), 1088).unwrap()).unwrap();
-        check(&format!("gated_up fp8 m={mm}"), &got, &c.gated_up(&xin, &c.upload_matrix(&wm).unwrap(), 1088).unwrap(), tol);
+        check(&format!("gated_up fp8 m={mm} mma={mma}"), &got, &c.gated_up(&xin, &c.upload_matrix(&wm).unwrap(), 1088).unwrap(), tol);
     }
-    let gu = r.vec(m * 2 * 1408, 4.0);
-    check("silu_mul", &g.download(&g.silu_mul(&g.upload(&gu).unwrap(), 1408).unwrap()).unwrap(), &c.silu_mul(&gu, 1408).unwrap(), F32_TOL);
 }
 
 fn rope(r: &mut Rng, interleaved: bool) -> RopeParams {
@@ -275,12 +290,25 @@ fn experts_on_both(g: &CudaBackend, c: &CpuBackend, r: &mut Rng, e: usize, hidde
 /// Random tokens, router logits and bias through both backends' `moe`, compared.
 #[allow(clippy::too_many_arguments)]
 fn check_moe(g: &CudaBackend, c: &CpuBackend, r: &mut Rng, cfg: &RouterConfig, experts: &BothExperts, m: usize, hidden: usize, name: &str, tol: f32) {
+    check_moe_favouring(g, c, r, cfg, experts, m, hidden, name, tol, &[]);
+}
+
+/// `check_moe` with the experts in `favoured` chosen by every token (a large selection bias):
+/// experts serving many entries, in several passes.
+#[allow(clippy::too_many_arguments)]
+fn check_moe_favouring(g: &CudaBackend, c: &CpuBackend, r: &mut Rng, cfg: &RouterConfig, experts: &BothExperts, m: usize, hidden: usize, name: &str, tol: f32, favoured: &[usize]) {
     let e = cfg.n_experts;
     let x = r.vec(m * hidden, 1.0);
     let logits = r.vec(m * e, 3.0);
-    let bias = r.vec(e, 0.3);
-    let got = g.download(&g.moe(&g.upload(&x).unwrap(), &g.upload(&logits).unwrap(), &g.upload(&bias).unwrap(), cfg, &experts.0).unwrap()).unwrap();
-    let want = c.moe(&x, &logits, &bias, cfg, &experts.1).unwrap();
+    let mut bias = r.vec(e, 0.3);
+    for &f in favoured {
+        bias[f] = 10.0;
+    }
+    // Every other call adds a shared experts' output in the combine.
+    let shared = (m % 2 == 0).then(|| r.vec(m * hidden, 1.0));
+    let got =
+        g.download(&g.moe(&g.upload(&x).unwrap(), &g.upload(&logits).unwrap(), &g.upload(&bias).unwrap(), cfg, &experts.0, shared.as_ref().map(|s| g.upload(s).unwrap()).as_ref()).unwrap()).unwrap();
+    let want = c.moe(&x, &logits, &bias, cfg, &experts.1, shared.as_ref()).unwrap();
     check(name, &got, &want, tol);
 }
 
@@ -295,25 +323,40 @@ fn moe_matches_cpu() {
     check_moe(&g, &c, &mut r, &cfg, &experts, m, hidden, "moe (route + experts)", GEMM_TOL);
 }
 
+/// The tensor-core expert kernels round activations to bf16 (weights are exact): a relative
+/// error of a few 1e-3, against 1e-6 for the f32-activation CUDA-core kernels.
+const MMA_TOL: f32 = 5e-3;
+
 #[test]
 fn moe_decode_path_matches_cpu() {
-    let Some(g) = gpu() else { return };
+    let Some(mut g) = gpu() else { return };
     let c = CpuBackend::new();
     let mut r = Rng(5);
-    // bf16 experts, group-limited routing (device routing and weight-streaming experts)
+    // bf16 experts, group-limited routing (device routing and weight-streaming experts); several
+    // tokens per expert on CUDA cores (mma off) and on tensor cores, whose passes take 8 or 16
+    // entries: three favoured experts serve all 40 tokens (passes of 16, 16, 8).
     let (hidden, inter, e) = (1024, 352, 32);
     let cfg = RouterConfig { n_experts: e, top_k: 6, n_group: 4, topk_group: 2, norm_topk_prob: true, routed_scaling_factor: 2.446 };
     let experts = experts_on_both(&g, &c, &mut r, e, hidden, inter, |r, rows, cols| bf16_matrix(r, rows, cols, 0.05));
-    for m in [1usize, 4, 16] {
-        check_moe(&g, &c, &mut r, &cfg, &experts, m, hidden, &format!("moe device bf16 m={m}"), 1e-4);
+    for mma in [false, true] {
+        g.mma = mma;
+        let tol = if mma { MMA_TOL } else { 1e-4 };
+        for m in [1usize, 4, 16] {
+            check_moe(&g, &c, &mut r, &cfg, &experts, m, hidden, &format!("moe device bf16 m={m} mma={mma}"), if m == 1 { 1e-4 } else { tol });
+        }
+        check_moe_favouring(&g, &c, &mut r, &cfg, &experts, 40, hidden, &format!("moe device bf16 m=40 favoured mma={mma}"), tol, &[0, 1, 2]);
     }
     // fp8 experts at Kimi-K2 widths (hidden 7168, inter 2048), 8 of 24 experts, no groups;
-    // m = 1 and 3 stay on the device, m = 40 takes host routing and dequantized GEMMs.
+    // m = 1, 3 and 20 stay on the device, m = 40 takes host routing and dequantized GEMMs.
     let (hidden, inter, e) = (7168, 2048, 24);
     let cfg = RouterConfig { n_experts: e, top_k: 8, n_group: 1, topk_group: 1, norm_topk_prob: true, routed_scaling_factor: 2.827 };
     let experts = experts_on_both(&g, &c, &mut r, e, hidden, inter, fp8_matrix);
-    for (m, tol) in [(1usize, 1e-4), (3, 1e-4), (40, GEMM_TOL)] {
-        check_moe(&g, &c, &mut r, &cfg, &experts, m, hidden, &format!("moe fp8 m={m}"), tol);
+    for mma in [false, true] {
+        g.mma = mma;
+        let tol = if mma { MMA_TOL } else { 1e-4 };
+        for (m, tol) in [(1usize, 1e-4), (3, tol), (20, tol), (40, GEMM_TOL)] {
+            check_moe(&g, &c, &mut r, &cfg, &experts, m, hidden, &format!("moe fp8 m={m} mma={mma}"), tol);
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 //! and every kernel the backend loads by name is in the result — on a machine without a GPU.
 //! `scripts/test.sh` installs NVRTC from PyPI (`scripts/setup-nvrtc.sh`) and sets
 //! `WEFT_REQUIRE_NVRTC=1`, so in CI a missing NVRTC fails instead of skipping.
+//! `WEFT_DUMP_PTX=DIR` keeps each target's PTX.
 
 use weft_cuda::{compile_kernels, KERNELS};
 
@@ -22,5 +23,9 @@ fn kernels_compile_for_every_nvidia_target() {
             assert!(ptx.contains(&format!(".entry {k}(")), "{arch}: kernel {k} is not in the compiled module");
         }
         eprintln!("{arch}: {} kernels, {} bytes of PTX", KERNELS.len(), ptx.len());
+        // For register and spill counts: `ptxas -arch=sm_90a -v DIR/sm_90a.ptx`.
+        if let Ok(dir) = std::env::var("WEFT_DUMP_PTX") {
+            std::fs::write(std::path::Path::new(&dir).join(format!("{arch}.ptx")), &ptx).unwrap();
+        }
     }
 }

@@ -77,6 +77,15 @@ pub struct StepBatch<'a> {
     pub attn: &'a [AttnRow<'a>],
 }
 
+/// How many forward steps a backend recorded (as replayable graphs), replayed, and failed to
+/// record (they ran op by op); all zero for a backend that does not record.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepRecordings {
+    pub recorded: u64,
+    pub replayed: u64,
+    pub failed: u64,
+}
+
 /// Routing configuration of one MoE layer, exactly as DeepSeek-V3 publishes it.
 #[derive(Clone, Debug)]
 pub struct RouterConfig {
@@ -119,6 +128,11 @@ pub trait Backend: Send + Sync + 'static {
     fn run_step(&self, pool: &mut Self::KvPool, step: &StepBatch<'_>, out_len: usize, run: &mut dyn FnMut(&mut Self::KvPool) -> Result<Self::Buf>) -> Result<Self::Buf> {
         let _ = (step, out_len);
         run(pool)
+    }
+
+    /// Counts of `run_step` recordings and replays so far.
+    fn step_recordings(&self) -> StepRecordings {
+        StepRecordings::default()
     }
 
     // ---- memory ----
@@ -175,8 +189,10 @@ pub trait Backend: Send + Sync + 'static {
     // ---- MoE ----
     /// Routing (sigmoid scores, bias for selection, group-limited top-k, normalisation,
     /// scaling) of `gate_logits [m, n_experts]`, then the selected experts on `x [m, hidden]`,
-    /// combined. Shared experts are not included.
-    fn moe(&self, x: &Self::Buf, gate_logits: &Self::Buf, bias: &Self::Buf, cfg: &RouterConfig, experts: &[ExpertWeights<Self::Matrix>]) -> Result<Self::Buf>;
+    /// combined, plus `shared` (the shared experts' output `[m, hidden]`) when given — added
+    /// after the routed sum, in the pass that combines it on backends that fuse the two.
+    #[allow(clippy::too_many_arguments)]
+    fn moe(&self, x: &Self::Buf, gate_logits: &Self::Buf, bias: &Self::Buf, cfg: &RouterConfig, experts: &[ExpertWeights<Self::Matrix>], shared: Option<&Self::Buf>) -> Result<Self::Buf>;
 
     // ---- sampling front end ----
     /// For each row of `logits [rows.len(), vocab]`: applies the row's token edits in place,

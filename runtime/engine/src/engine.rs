@@ -69,6 +69,10 @@ pub struct EngineStats {
     pub spec_drafter: &'static str,
     /// Pages of the draft model's own cache in use (draft-model speculation only).
     pub draft_pages_held: usize,
+    /// Forward steps the backend recorded as graphs, replayed, or could not record.
+    pub steps_recorded: u64,
+    pub steps_replayed: u64,
+    pub steps_record_failed: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -310,6 +314,7 @@ impl<B: Backend> StepLoop<B> {
     }
 
     fn publish_stats(&mut self) {
+        let rec = self.lm.model.backend.step_recordings();
         let mut s = self.stats.lock().unwrap();
         *s = EngineStats {
             running: self.running.len(),
@@ -321,6 +326,9 @@ impl<B: Backend> StepLoop<B> {
             prefix_query_tokens: self.pool.prefix_query_tokens,
             spec_drafter: self.cfg.spec.as_ref().map_or("", |c| c.drafter.name()),
             draft_pages_held: self.draft_model.as_ref().map_or(0, |d| d.pages_held()),
+            steps_recorded: rec.recorded,
+            steps_replayed: rec.replayed,
+            steps_record_failed: rec.failed,
             ..self.counters.clone()
         };
     }

@@ -108,12 +108,8 @@ impl<B: Backend> DeepseekV3<B> {
             FeedForward::Dense(w) => mlp(w),
             FeedForward::Moe(m) => {
                 let logits = be.linear(x, &m.router)?;
-                let mut out = be.moe(x, &logits, &m.bias, &self.router, &m.experts)?;
-                if let Some(s) = &m.shared {
-                    let sh = mlp(s)?;
-                    be.add_inplace(&mut out, &sh)?;
-                }
-                Ok(out)
+                let shared = m.shared.as_ref().map(mlp).transpose()?;
+                be.moe(x, &logits, &m.bias, &self.router, &m.experts, shared.as_ref())
             }
         }
     }

@@ -47,8 +47,14 @@ impl Metrics {
         let e2e = histogram("weft_e2e_request_latency_seconds", "Time from request arrival to its last token.", vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0]);
         let outcomes = IntCounterVec::new(Opts::new("weft_requests_total", "Finished choices by outcome (stop, length, error, aborted)."), &["outcome"]).unwrap();
         let engine_gauges = GaugeVec::new(Opts::new("weft_engine", "Engine state: requests running/waiting, KV pages used/free/total/cached."), &["state"]).unwrap();
-        let engine_counters =
-            IntCounterVec::new(Opts::new("weft_engine_events_total", "Engine counters: prompt and generated tokens, prefix-cache hit and queried tokens, steps, preemptions."), &["event"]).unwrap();
+        let engine_counters = IntCounterVec::new(
+            Opts::new(
+                "weft_engine_events_total",
+                "Engine counters: prompt and generated tokens, prefix-cache hit and queried tokens, steps, preemptions, steps recorded as GPU graphs / replayed / not recordable.",
+            ),
+            &["event"],
+        )
+        .unwrap();
         let speculative = GaugeVec::new(
             Opts::new(
                 "weft_speculative",
@@ -141,6 +147,9 @@ impl Metrics {
             ("spec_verify_steps", e.spec_rounds),
             ("spec_draft_tokens", e.spec_drafted),
             ("spec_accepted_tokens", e.spec_accepted),
+            ("steps_recorded", e.steps_recorded),
+            ("steps_replayed", e.steps_replayed),
+            ("steps_record_failed", e.steps_record_failed),
         ] {
             self.engine_counters.with_label_values(&[k]).inc_by(v);
         }

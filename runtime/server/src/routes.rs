@@ -26,6 +26,7 @@ pub fn engine_json(state: &AppState) -> Value {
         "prompt_tokens": s.prompt_tokens, "generated_tokens": s.generated_tokens, "steps": s.steps,
         "preemptions": s.preemptions, "finished": s.finished, "aborted": s.aborted, "failed": s.failed,
         "speculative": {"drafter": (!s.spec_drafter.is_empty()).then_some(s.spec_drafter), "verify_steps": s.spec_rounds, "draft_tokens": s.spec_drafted, "accepted_tokens": s.spec_accepted},
+        "recorded_steps": {"recorded": s.steps_recorded, "replayed": s.steps_replayed, "failed": s.steps_record_failed},
     })
 }
 

@@ -223,12 +223,19 @@ impl Backend for CpuBackend {
         Ok(mla::attention(&pool.data[layer * stride..(layer + 1) * stride], l, q_lat, q_pe, heads, rows, scale))
     }
 
-    fn moe(&self, x: &Vec<f32>, gate_logits: &Vec<f32>, bias: &Vec<f32>, cfg: &RouterConfig, experts: &[ExpertWeights<CpuMatrix>]) -> Result<Vec<f32>> {
+    fn moe(&self, x: &Vec<f32>, gate_logits: &Vec<f32>, bias: &Vec<f32>, cfg: &RouterConfig, experts: &[ExpertWeights<CpuMatrix>], shared: Option<&Vec<f32>>) -> Result<Vec<f32>> {
         if experts.len() != cfg.n_experts || bias.len() != cfg.n_experts {
             return Err(shape_err("moe", format!("{} experts, {} biases, config says {}", experts.len(), bias.len(), cfg.n_experts)));
         }
         check_rows("moe", gate_logits.len(), cfg.n_experts)?;
-        moe::experts(self, x, gate_logits, bias, cfg, experts)
+        if shared.is_some_and(|s| s.len() != x.len()) {
+            return Err(shape_err("moe", format!("shared output of {} values for {} inputs", shared.map_or(0, Vec::len), x.len())));
+        }
+        let mut out = moe::experts(self, x, gate_logits, bias, cfg, experts)?;
+        if let Some(s) = shared {
+            self.add_inplace(&mut out, s)?;
+        }
+        Ok(out)
     }
 
     fn sampling_front(&self, logits: &mut Vec<f32>, vocab: usize, rows: &[front::FrontRow]) -> Result<Vec<front::FrontOut>> {

@@ -1,0 +1,315 @@
+// Weight-streaming products on tensor cores for a few to 64 activation rows (`mma.sync`
+// m16n8k16, bf16 inputs, f32 accumulation; NVIDIA sm_80 and later): MoE experts serving
+// several tokens each (same inputs, plan and outputs as moe_*_t8 in moe.cu) and dense linears
+// (as gemv_* in gemv.cu). The CUDA-core kernels re-read every activation once per weight row;
+// here a sub-group multiplies 32 weight rows by 8–32 activation rows per pass, so activations
+// cost at most as much traffic as the weights.
+//
+// Fragment layout. For an m16n8k16 product, lane (g = lane/4, t = lane%4) holds A[g][2t..2t+1],
+// A[g+8][2t..2t+1], A[g][2t+8..2t+9], A[g+8][2t+8..2t+9] and B[2t..2t+1][g], B[2t+8..2t+9][g].
+// Which 16 columns of the weights make up one k16 step is ours to choose, as long as A and B
+// agree: lane t loads V consecutive columns (one 16-byte load of a weight row: V = 8 bf16 or 16
+// fp8) starting at column V·t of a 4V-wide chunk, and its values 4j..4j+3 play the roles of
+// logical columns 2t, 2t+1, 2t+8, 2t+9 of the chunk's j-th k16 step. Every weight byte is then
+// read with 16-byte loads and every activation with float4 loads.
+//
+// fp8 e4m3 weights become bf16 exactly (3 mantissa bits fit in 7); the block scale is applied
+// to the partial sum of each 4V-column chunk (one scale per 16-row tile and chunk). The e4m3
+// NaN code (0x7f) is not reproduced (checkpoints do not contain it).
+#define MMA_ROWS 16
+#define MMA_TOKENS 8
+
+#if !defined(__HIPCC_RTC__) && !defined(__HIP_DEVICE_COMPILE__)
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// (lo, hi) to a bf16 pair, round to nearest even; lo in the low half.
+__device__ __forceinline__ u32 bf16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+#define WEFT_HAS_MMA 1
+#else
+// AMD: no mma.sync. The host never selects these kernels on a HIP device (the CUDA-core
+// kernels in moe.cu serve every batch there); the bodies only keep the sources compiling.
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], u32, u32, u32, u32, u32, u32) { __builtin_trap(); }
+__device__ __forceinline__ u32 bf16x2(float lo, float hi) { return (u32)f32_to_bf16(lo) | ((u32)f32_to_bf16(hi) << 16); }
+#endif
+
+// Two e4m3 codes (bits 0..7 and 16..23 of x) to a bf16 pair, exactly.
+__device__ __forceinline__ u32 fp8x2_to_bf16x2(u32 x) {
+    u32 mag = x & 0x007f007fu;
+    u32 r = (mag << 4) + 0x3c003c00u;  // exponent rebias 7 -> 127 for normal codes
+    if ((mag & 0x78u) == 0u || (mag & 0x780000u) == 0u)  // zero or subnormal: the exact way
+        r = (__float_as_uint(fp8_to_f32(x & 0x7fu)) >> 16) | (__float_as_uint(fp8_to_f32((x >> 16) & 0x7fu)) & 0xffff0000u);
+    return r | ((x & 0x00800080u) << 8);
+}
+
+// acc[q][j] = rows rb[q]..rb[q]+15 of W times NTL·8 activation rows, over all `cols` columns
+// (fragment layout above). This lane supplies token column g of each n-tile j: x row
+// `xrow[j]`, or zeros when j·8 + g >= nt.
+template <int FP8, int NTL>
+__device__ __forceinline__ void mma_rows(WeightRef W, const u32 (&rb)[2], u32 cols, const float* x, i64 xstride, const u32 (&xrow)[NTL], u32 nt, float (&acc)[2][NTL][4]) {
+    constexpr int V = FP8 ? 16 : 8;  // columns per lane per chunk (one 16-byte weight load)
+    constexpr int CH = 4 * V;        // columns per chunk
+    constexpr int U = 2;             // chunks in flight
+    const u32 lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+    const unsigned char* rowp[2][2];
+    const float* srow[2];
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) rowp[q][h] = (const unsigned char*)W.w + (i64)(rb[q] + g + 8 * h) * cols * (FP8 ? 1 : 2);
+        srow[q] = FP8 ? W.sc + (i64)(rb[q] / W.br) * W.sc_cols : 0;
+    }
+    const float* xp[NTL];
+    bool xok[NTL];
+#pragma unroll
+    for (int j = 0; j < NTL; j++) {
+        xok[j] = j * MMA_TOKENS + g < nt;
+        xp[j] = x + (i64)(xok[j] ? xrow[j] : 0) * xstride;
+    }
+#pragma unroll
+    for (int q = 0; q < 2; q++)
+#pragma unroll
+        for (int j = 0; j < NTL; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[q][j][i] = 0.f;
+    for (u32 c0 = 0; c0 < cols; c0 += U * CH) {
+        uint4 a[U][2][2];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            u32 c = c0 + u * CH + V * t;
+#pragma unroll
+            for (int q = 0; q < 2; q++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) a[u][q][h] = c < cols ? ld_stream((const uint4*)(rowp[q][h] + (i64)c * (FP8 ? 1 : 2))) : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            u32 c = c0 + u * CH + V * t;
+            if (c0 + u * CH >= cols) break;
+            // This lane's V activations of each token column, as bf16 pairs.
+            u32 b[NTL][V / 2];
+#pragma unroll
+            for (int j = 0; j < NTL; j++)
+#pragma unroll
+                for (int i = 0; i < V; i += 4) {
+                    float4 v = xok[j] ? *(const float4*)(xp[j] + c + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    b[j][i / 2] = bf16x2(v.x, v.y);
+                    b[j][i / 2 + 1] = bf16x2(v.z, v.w);
+                }
+            float part[2][NTL][4];
+#pragma unroll
+            for (int q = 0; q < 2; q++)
+#pragma unroll
+                for (int j = 0; j < NTL; j++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) part[q][j][i] = 0.f;
+#pragma unroll
+            for (int q = 0; q < 2; q++) {
+                u32 lo[4] = {a[u][q][0].x, a[u][q][0].y, a[u][q][0].z, a[u][q][0].w};
+                u32 hi[4] = {a[u][q][1].x, a[u][q][1].y, a[u][q][1].z, a[u][q][1].w};
+#pragma unroll
+                for (int s = 0; s < V / 4; s++) {
+                    // k16 step s: this lane's values 4s..4s+3 of rows g (lo) and g+8 (hi).
+                    u32 a0, a1, a2, a3;
+                    if (FP8) {
+                        a0 = fp8x2_to_bf16x2(__byte_perm(lo[s], 0u, 0x4140));
+                        a2 = fp8x2_to_bf16x2(__byte_perm(lo[s], 0u, 0x4342));
+                        a1 = fp8x2_to_bf16x2(__byte_perm(hi[s], 0u, 0x4140));
+                        a3 = fp8x2_to_bf16x2(__byte_perm(hi[s], 0u, 0x4342));
+                    } else {
+                        a0 = lo[2 * s];
+                        a2 = lo[2 * s + 1];
+                        a1 = hi[2 * s];
+                        a3 = hi[2 * s + 1];
+                    }
+#pragma unroll
+                    for (int j = 0; j < NTL; j++) {
+                        if (FP8) mma_bf16_16816(part[q][j], a0, a1, a2, a3, b[j][2 * s], b[j][2 * s + 1]);
+                        else mma_bf16_16816(acc[q][j], a0, a1, a2, a3, b[j][2 * s], b[j][2 * s + 1]);
+                    }
+                }
+            }
+            if (FP8) {
+#pragma unroll
+                for (int q = 0; q < 2; q++) {
+                    float sc = srow[q][(c0 + u * CH) / W.bc];
+#pragma unroll
+                    for (int j = 0; j < NTL; j++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) acc[q][j][i] += sc * part[q][j][i];
+                }
+            }
+        }
+    }
+}
+
+// Entries [i0, i0 + nt) of active expert `a`, NTL token tiles: the gate tile and the up tile of
+// inter rows r0..r0+15, SiLU(gate) · up into h.
+template <int FP8, int NTL>
+__device__ __forceinline__ void mma_gate_up_pass(WeightRef W, const u32* ent, u32 i0, u32 nt, const float* x, float* h, u32 k, u32 hidden, u32 inter, u32 r0) {
+    const u32 lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+    u32 tok[NTL];
+#pragma unroll
+    for (int j = 0; j < NTL; j++) tok[j] = j * MMA_TOKENS + g < nt ? ent[i0 + j * MMA_TOKENS + g] / k : 0;
+    float acc[2][NTL][4];
+    u32 rb[2] = {r0, inter + r0};
+    mma_rows<FP8, NTL>(W, rb, hidden, x, hidden, tok, nt, acc);
+#pragma unroll
+    for (int j = 0; j < NTL; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            u32 n = j * MMA_TOKENS + 2 * t + (i & 1), r = r0 + g + 8 * (i >> 1);
+            float gt = acc[0][j][i], up = acc[1][j][i];
+            if (n < nt) h[(i64)ent[i0 + n] * inter + r] = gt / (1.0f + expf(-gt)) * up;
+        }
+}
+
+// y rows r0..r0+31 (two tiles) of entries [i0, i0 + nt).
+template <int FP8, int NTL>
+__device__ __forceinline__ void mma_down_pass(WeightRef W, const u32* ent, u32 i0, u32 nt, const float* h, float* y, u32 hidden, u32 inter, u32 r0) {
+    const u32 lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+    u32 idx[NTL];
+#pragma unroll
+    for (int j = 0; j < NTL; j++) idx[j] = j * MMA_TOKENS + g < nt ? ent[i0 + j * MMA_TOKENS + g] : 0;
+    float acc[2][NTL][4];
+    u32 rb[2] = {r0, r0 + MMA_ROWS};
+    mma_rows<FP8, NTL>(W, rb, inter, h, inter, idx, nt, acc);
+#pragma unroll
+    for (int q = 0; q < 2; q++)
+#pragma unroll
+        for (int j = 0; j < NTL; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                u32 n = j * MMA_TOKENS + 2 * t + (i & 1), r = rb[q] + g + 8 * (i >> 1);
+                if (n < nt) y[(i64)ent[i0 + n] * hidden + r] = acc[q][j][i];
+            }
+}
+
+// One sub-group per unit of work: `units` per expert (gate_up: inter/16 tiles, each with its up
+// tile; down: hidden/32), blockDim.x/32 units per block, blocks past the active experts exit.
+// Entries go 8 at a time, or 16 when more than 8 remain.
+template <int FP8, int DOWN>
+__device__ void moe_mma_body(ExpertTable T, const u32* plan, u32 maxa, const float* in, float* out, u32 k, u32 hidden, u32 inter) {
+    u32 warps = blockDim.x / 32;
+    u32 units = DOWN ? hidden / (2 * MMA_ROWS) : inter / MMA_ROWS;
+    u32 per_expert = (units + warps - 1) / warps;
+    u32 a = blockIdx.x / per_expert;
+    if (a >= plan[0]) return;
+    u32 unit = (blockIdx.x % per_expert) * warps + threadIdx.x / 32;
+    if (unit >= units) return;
+    WeightRef W = expert_ref(T, plan[1 + a]);
+    const u32* off = plan + 1 + maxa;
+    const u32* ent = plan + 2 + 2 * maxa;
+    for (u32 i0 = off[a]; i0 < off[a + 1];) {
+        u32 left = off[a + 1] - i0;
+        if (left > MMA_TOKENS) {
+            u32 nt = min(left, 2u * MMA_TOKENS);
+            if (DOWN) mma_down_pass<FP8, 2>(W, ent, i0, nt, in, out, hidden, inter, unit * 2 * MMA_ROWS);
+            else mma_gate_up_pass<FP8, 2>(W, ent, i0, nt, in, out, k, hidden, inter, unit * MMA_ROWS);
+            i0 += nt;
+        } else {
+            if (DOWN) mma_down_pass<FP8, 1>(W, ent, i0, left, in, out, hidden, inter, unit * 2 * MMA_ROWS);
+            else mma_gate_up_pass<FP8, 1>(W, ent, i0, left, in, out, k, hidden, inter, unit * MMA_ROWS);
+            i0 += left;
+        }
+    }
+}
+
+extern "C" __global__ void moe_gate_up_bf16_mma(const u64* w, const u32* plan, u32 maxa, const float* x, float* h, u32 k, u32 hidden, u32 inter) {
+    ExpertTable Tb = {w, w, 0, 1, 1};
+    moe_mma_body<0, 0>(Tb, plan, maxa, x, h, k, hidden, inter);
+}
+extern "C" __global__ void moe_gate_up_fp8_mma(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, const float* x, float* h, u32 k, u32 hidden, u32 inter) {
+    ExpertTable Tb = {w, sc, sc_cols, br, bc};
+    moe_mma_body<1, 0>(Tb, plan, maxa, x, h, k, hidden, inter);
+}
+extern "C" __global__ void moe_down_bf16_mma(const u64* w, const u32* plan, u32 maxa, const float* h, float* y, u32 hidden, u32 inter) {
+    ExpertTable Tb = {w, w, 0, 1, 1};
+    moe_mma_body<0, 1>(Tb, plan, maxa, h, y, 0, hidden, inter);
+}
+extern "C" __global__ void moe_down_fp8_mma(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, const float* h, float* y, u32 hidden, u32 inter) {
+    ExpertTable Tb = {w, sc, sc_cols, br, bc};
+    moe_mma_body<1, 1>(Tb, plan, maxa, h, y, 0, hidden, inter);
+}
+
+// Dense linears: out[i, r] = W[r, :] · x[i, g(r)] (rows grouped `group_rows` per group as in
+// gemv_body), a sub-group per 32 rows (one group), NTL·8 activation rows per pass.
+template <int FP8, int NTL>
+__device__ void gemv_mma_body(WeightRef W, const float* x, float* out, u32 m, u32 rows, u32 cols, u32 group_rows, u32 xstride) {
+    u32 r0 = (blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * 2 * MMA_ROWS;
+    if (r0 >= rows) return;
+    const float* xg = x + (i64)(r0 / group_rows) * cols;
+    const u32 lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+    for (u32 t0 = 0; t0 < m; t0 += NTL * MMA_TOKENS) {
+        u32 nt = min((u32)(NTL * MMA_TOKENS), m - t0);
+        u32 xr[NTL];
+#pragma unroll
+        for (int j = 0; j < NTL; j++) xr[j] = t0 + j * MMA_TOKENS + g;
+        float acc[2][NTL][4];
+        u32 rb[2] = {r0, r0 + MMA_ROWS};
+        mma_rows<FP8, NTL>(W, rb, cols, xg, xstride, xr, nt, acc);
+#pragma unroll
+        for (int q = 0; q < 2; q++)
+#pragma unroll
+            for (int j = 0; j < NTL; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    u32 n = j * MMA_TOKENS + 2 * t + (i & 1);
+                    if (n < nt) out[(i64)(t0 + n) * rows + rb[q] + g + 8 * (i >> 1)] = acc[q][j][i];
+                }
+    }
+}
+
+// out[i, r] = silu(gate_r · x[i]) * (up_r · x[i]) for a stacked [2*inter, cols] gate|up weight:
+// a sub-group per 16 gate rows and their 16 up rows.
+template <int FP8, int NTL>
+__device__ void gemv_gated_mma_body(WeightRef W, const float* x, float* out, u32 m, u32 inter, u32 cols) {
+    u32 r0 = (blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * MMA_ROWS;
+    if (r0 >= inter) return;
+    const u32 lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+    for (u32 t0 = 0; t0 < m; t0 += NTL * MMA_TOKENS) {
+        u32 nt = min((u32)(NTL * MMA_TOKENS), m - t0);
+        u32 xr[NTL];
+#pragma unroll
+        for (int j = 0; j < NTL; j++) xr[j] = t0 + j * MMA_TOKENS + g;
+        float acc[2][NTL][4];
+        u32 rb[2] = {r0, inter + r0};
+        mma_rows<FP8, NTL>(W, rb, cols, x, cols, xr, nt, acc);
+#pragma unroll
+        for (int j = 0; j < NTL; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                u32 n = j * MMA_TOKENS + 2 * t + (i & 1);
+                float gt = acc[0][j][i], up = acc[1][j][i];
+                if (n < nt) out[(i64)(t0 + n) * inter + r0 + g + 8 * (i >> 1)] = gt / (1.0f + expf(-gt)) * up;
+            }
+    }
+}
+
+// N: activation rows per pass = 8·N (N = 1, 2, 4; the host picks the smallest covering m).
+#define GEMV_MMA_ENTRY(N)                                                                                               \
+    extern "C" __global__ void gemv_mma_bf16_n##N(const u16* w, const float* x, float* out, u32 m, u32 rows, u32 cols, u32 group_rows, u32 xstride) { \
+        WeightRef W = {w, 0, 0, 1, 1};                                                                                  \
+        gemv_mma_body<0, N>(W, x, out, m, rows, cols, group_rows, xstride);                                             \
+    }                                                                                                                   \
+    extern "C" __global__ void gemv_mma_fp8_n##N(const unsigned char* w, const float* sc, u32 sc_cols, u32 br, u32 bc, const float* x, float* out, u32 m, u32 rows, u32 cols, u32 group_rows, u32 xstride) { \
+        WeightRef W = {w, sc, sc_cols, br, bc};                                                                         \
+        gemv_mma_body<1, N>(W, x, out, m, rows, cols, group_rows, xstride);                                             \
+    }                                                                                                                   \
+    extern "C" __global__ void gemv_gated_mma_bf16_n##N(const u16* w, const float* x, float* out, u32 m, u32 inter, u32 cols) { \
+        WeightRef W = {w, 0, 0, 1, 1};                                                                                  \
+        gemv_gated_mma_body<0, N>(W, x, out, m, inter, cols);                                                           \
+    }                                                                                                                   \
+    extern "C" __global__ void gemv_gated_mma_fp8_n##N(const unsigned char* w, const float* sc, u32 sc_cols, u32 br, u32 bc, const float* x, float* out, u32 m, u32 inter, u32 cols) { \
+        WeightRef W = {w, sc, sc_cols, br, bc};                                                                         \
+        gemv_gated_mma_body<1, N>(W, x, out, m, inter, cols);                                                           \
+    }
+GEMV_MMA_ENTRY(1)
+GEMV_MMA_ENTRY(2)
+GEMV_MMA_ENTRY(4)
