@@ -48,11 +48,11 @@ __device__ __forceinline__ u32 fp8x2_to_bf16x2(u32 x) {
     return r | ((x & 0x00800080u) << 8);
 }
 
-// acc[q][j] = rows rb[q]..rb[q]+15 of W times NTL·8 activation rows, over all `cols` columns
-// (fragment layout above). This lane supplies token column g of each n-tile j: x row
-// `xrow[j]`, or zeros when j·8 + g >= nt.
+// acc[q][j] = rows rb[q]..rb[q]+15 of W (rows of `cols` columns) times NTL·8 activation rows,
+// over columns [c_begin, c_end) (whole chunks; fragment layout above). This lane supplies token
+// column g of each n-tile j: x row `xrow[j]`, or zeros when j·8 + g >= nt.
 template <int FP8, int NTL>
-__device__ __forceinline__ void mma_rows(WeightRef W, const u32 (&rb)[2], u32 cols, const float* x, i64 xstride, const u32 (&xrow)[NTL], u32 nt, float (&acc)[2][NTL][4]) {
+__device__ __forceinline__ void mma_rows(WeightRef W, const u32 (&rb)[2], u32 cols, u32 c_begin, u32 c_end, const float* x, i64 xstride, const u32 (&xrow)[NTL], u32 nt, float (&acc)[2][NTL][4]) {
     constexpr int V = FP8 ? 16 : 8;  // columns per lane per chunk (one 16-byte weight load)
     constexpr int CH = 4 * V;        // columns per chunk
     constexpr int U = 2;             // chunks in flight
@@ -78,7 +78,7 @@ __device__ __forceinline__ void mma_rows(WeightRef W, const u32 (&rb)[2], u32 co
         for (int j = 0; j < NTL; j++)
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[q][j][i] = 0.f;
-    for (u32 c0 = 0; c0 < cols; c0 += U * CH) {
+    for (u32 c0 = c_begin; c0 < c_end; c0 += U * CH) {
         uint4 a[U][2][2];
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -86,12 +86,12 @@ __device__ __forceinline__ void mma_rows(WeightRef W, const u32 (&rb)[2], u32 co
 #pragma unroll
             for (int q = 0; q < 2; q++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) a[u][q][h] = c < cols ? ld_stream((const uint4*)(rowp[q][h] + (i64)c * (FP8 ? 1 : 2))) : make_uint4(0u, 0u, 0u, 0u);
+                for (int h = 0; h < 2; h++) a[u][q][h] = c < c_end ? ld_stream((const uint4*)(rowp[q][h] + (i64)c * (FP8 ? 1 : 2))) : make_uint4(0u, 0u, 0u, 0u);
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
             u32 c = c0 + u * CH + V * t;
-            if (c0 + u * CH >= cols) break;
+            if (c0 + u * CH >= c_end) break;
             // This lane's V activations of each token column, as bf16 pairs.
             u32 b[NTL][V / 2];
 #pragma unroll
@@ -159,7 +159,7 @@ __device__ __forceinline__ void mma_gate_up_pass(WeightRef W, const u32* ent, u3
     for (int j = 0; j < NTL; j++) tok[j] = j * MMA_TOKENS + g < nt ? ent[i0 + j * MMA_TOKENS + g] / k : 0;
     float acc[2][NTL][4];
     u32 rb[2] = {r0, inter + r0};
-    mma_rows<FP8, NTL>(W, rb, hidden, x, hidden, tok, nt, acc);
+    mma_rows<FP8, NTL>(W, rb, hidden, 0, hidden, x, hidden, tok, nt, acc);
 #pragma unroll
     for (int j = 0; j < NTL; j++)
 #pragma unroll
@@ -179,7 +179,7 @@ __device__ __forceinline__ void mma_down_pass(WeightRef W, const u32* ent, u32 i
     for (int j = 0; j < NTL; j++) idx[j] = j * MMA_TOKENS + g < nt ? ent[i0 + j * MMA_TOKENS + g] : 0;
     float acc[2][NTL][4];
     u32 rb[2] = {r0, r0 + MMA_ROWS};
-    mma_rows<FP8, NTL>(W, rb, inter, h, inter, idx, nt, acc);
+    mma_rows<FP8, NTL>(W, rb, inter, 0, inter, h, inter, idx, nt, acc);
 #pragma unroll
     for (int q = 0; q < 2; q++)
 #pragma unroll
@@ -238,57 +238,58 @@ extern "C" __global__ void moe_down_fp8_mma(const u64* w, const u64* sc, u32 sc_
     moe_mma_body<1, 1>(Tb, plan, maxa, h, y, 0, hidden, inter);
 }
 
-// Dense linears: out[i, r] = W[r, :] · x[i, g(r)] (rows grouped `group_rows` per group as in
-// gemv_body), a sub-group per 32 rows (one group), NTL·8 activation rows per pass.
-template <int FP8, int NTL>
+// Dense linears, plain (out[i, r] = W[r, :] · x[i, g(r)], rows grouped `group_rows` per group
+// as in gemv_body) or gated (out[i, r] = silu(gate_r · x[i]) * (up_r · x[i]) for a stacked
+// [2*rows, cols] gate|up weight). A block per unit of two 16-row tiles (32 rows, or 16 gate rows
+// and their 16 up rows); its blockDim.x/32 sub-groups (at most MMA_SPLIT_FLOATS / (256·NTL), the
+// host's bound: 32, 16 or 8) each take an equal
+// share of whole column chunks, so a short matrix still keeps enough loads in flight. The
+// partial sums meet in shared memory and are added in sub-group order (deterministic).
+#define MMA_SPLIT_FLOATS 8192
+// Row within a 16-row tile of accumulator element i of lane l (m16n8 C fragment).
+__device__ __forceinline__ u32 g_row(u32 l, u32 i) { return l / 4 + 8 * (i >> 1); }
+template <int FP8, int NTL, int GATED>
 __device__ void gemv_mma_body(WeightRef W, const float* x, float* out, u32 m, u32 rows, u32 cols, u32 group_rows, u32 xstride) {
-    u32 r0 = (blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * 2 * MMA_ROWS;
-    if (r0 >= rows) return;
-    const float* xg = x + (i64)(r0 / group_rows) * cols;
-    const u32 lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+    constexpr int CH = FP8 ? 64 : 32;
+    constexpr int PER_LANE = 2 * NTL * 4;
+    __shared__ float red[MMA_SPLIT_FLOATS];  // [sub-group][place][lane]: 32 KB
+    const u32 split = blockDim.x / 32, sg = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const u32 r0 = blockIdx.x * (GATED ? MMA_ROWS : 2 * MMA_ROWS);
+    if (r0 >= rows) return;  // whole block: the grid is exact
+    const u32 chunks = cols / CH, share = (chunks + split - 1) / split;
+    const u32 c_begin = min(sg * share, chunks) * CH, c_end = min((sg + 1) * share, chunks) * CH;
+    const float* xg = GATED ? x : x + (i64)(r0 / group_rows) * cols;
+    u32 rb[2] = {r0, GATED ? rows + r0 : r0 + MMA_ROWS};
     for (u32 t0 = 0; t0 < m; t0 += NTL * MMA_TOKENS) {
         u32 nt = min((u32)(NTL * MMA_TOKENS), m - t0);
         u32 xr[NTL];
 #pragma unroll
-        for (int j = 0; j < NTL; j++) xr[j] = t0 + j * MMA_TOKENS + g;
+        for (int j = 0; j < NTL; j++) xr[j] = t0 + j * MMA_TOKENS + lane / 4;
         float acc[2][NTL][4];
-        u32 rb[2] = {r0, r0 + MMA_ROWS};
-        mma_rows<FP8, NTL>(W, rb, cols, xg, xstride, xr, nt, acc);
+        mma_rows<FP8, NTL>(W, rb, cols, c_begin, c_end, xg, xstride, xr, nt, acc);
 #pragma unroll
         for (int q = 0; q < 2; q++)
 #pragma unroll
             for (int j = 0; j < NTL; j++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    u32 n = j * MMA_TOKENS + 2 * t + (i & 1);
-                    if (n < nt) out[(i64)(t0 + n) * rows + rb[q] + g + 8 * (i >> 1)] = acc[q][j][i];
-                }
-    }
-}
-
-// out[i, r] = silu(gate_r · x[i]) * (up_r · x[i]) for a stacked [2*inter, cols] gate|up weight:
-// a sub-group per 16 gate rows and their 16 up rows.
-template <int FP8, int NTL>
-__device__ void gemv_gated_mma_body(WeightRef W, const float* x, float* out, u32 m, u32 inter, u32 cols) {
-    u32 r0 = (blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * MMA_ROWS;
-    if (r0 >= inter) return;
-    const u32 lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
-    for (u32 t0 = 0; t0 < m; t0 += NTL * MMA_TOKENS) {
-        u32 nt = min((u32)(NTL * MMA_TOKENS), m - t0);
-        u32 xr[NTL];
+                for (int i = 0; i < 4; i++) red[(sg * PER_LANE + (q * NTL + j) * 4 + i) * 32 + lane] = acc[q][j][i];
+        __syncthreads();
+        // Each thread finishes some (lane, j, i) places of the tile pair: both tiles' sums.
+        for (u32 e = threadIdx.x; e < NTL * 4 * 32; e += blockDim.x) {
+            u32 l = e % 32, ji = e / 32, j = ji / 4, i = ji % 4;
+            float s[2] = {0.f, 0.f};
+            for (u32 w = 0; w < split; w++)
 #pragma unroll
-        for (int j = 0; j < NTL; j++) xr[j] = t0 + j * MMA_TOKENS + g;
-        float acc[2][NTL][4];
-        u32 rb[2] = {r0, inter + r0};
-        mma_rows<FP8, NTL>(W, rb, cols, x, cols, xr, nt, acc);
-#pragma unroll
-        for (int j = 0; j < NTL; j++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                u32 n = j * MMA_TOKENS + 2 * t + (i & 1);
-                float gt = acc[0][j][i], up = acc[1][j][i];
-                if (n < nt) out[(i64)(t0 + n) * inter + r0 + g + 8 * (i >> 1)] = gt / (1.0f + expf(-gt)) * up;
+                for (int q = 0; q < 2; q++) s[q] += red[(w * PER_LANE + q * NTL * 4 + ji) * 32 + l];
+            u32 n = j * MMA_TOKENS + 2 * (l % 4) + (i & 1), r = g_row(l, i);
+            if (n >= nt) continue;
+            if (GATED) out[(i64)(t0 + n) * rows + r0 + r] = s[0] / (1.0f + expf(-s[0])) * s[1];
+            else {
+                out[(i64)(t0 + n) * rows + r0 + r] = s[0];
+                out[(i64)(t0 + n) * rows + r0 + MMA_ROWS + r] = s[1];
             }
+        }
+        __syncthreads();
     }
 }
 
@@ -296,19 +297,19 @@ __device__ void gemv_gated_mma_body(WeightRef W, const float* x, float* out, u32
 #define GEMV_MMA_ENTRY(N)                                                                                               \
     extern "C" __global__ void gemv_mma_bf16_n##N(const u16* w, const float* x, float* out, u32 m, u32 rows, u32 cols, u32 group_rows, u32 xstride) { \
         WeightRef W = {w, 0, 0, 1, 1};                                                                                  \
-        gemv_mma_body<0, N>(W, x, out, m, rows, cols, group_rows, xstride);                                             \
+        gemv_mma_body<0, N, 0>(W, x, out, m, rows, cols, group_rows, xstride);                                             \
     }                                                                                                                   \
     extern "C" __global__ void gemv_mma_fp8_n##N(const unsigned char* w, const float* sc, u32 sc_cols, u32 br, u32 bc, const float* x, float* out, u32 m, u32 rows, u32 cols, u32 group_rows, u32 xstride) { \
         WeightRef W = {w, sc, sc_cols, br, bc};                                                                         \
-        gemv_mma_body<1, N>(W, x, out, m, rows, cols, group_rows, xstride);                                             \
+        gemv_mma_body<1, N, 0>(W, x, out, m, rows, cols, group_rows, xstride);                                             \
     }                                                                                                                   \
     extern "C" __global__ void gemv_gated_mma_bf16_n##N(const u16* w, const float* x, float* out, u32 m, u32 inter, u32 cols) { \
         WeightRef W = {w, 0, 0, 1, 1};                                                                                  \
-        gemv_gated_mma_body<0, N>(W, x, out, m, inter, cols);                                                           \
+        gemv_mma_body<0, N, 1>(W, x, out, m, inter, cols, inter, cols);                                                           \
     }                                                                                                                   \
     extern "C" __global__ void gemv_gated_mma_fp8_n##N(const unsigned char* w, const float* sc, u32 sc_cols, u32 br, u32 bc, const float* x, float* out, u32 m, u32 inter, u32 cols) { \
         WeightRef W = {w, sc, sc_cols, br, bc};                                                                         \
-        gemv_gated_mma_body<1, N>(W, x, out, m, inter, cols);                                                           \
+        gemv_mma_body<1, N, 1>(W, x, out, m, inter, cols, inter, cols);                                                           \
     }
 GEMV_MMA_ENTRY(1)
 GEMV_MMA_ENTRY(2)

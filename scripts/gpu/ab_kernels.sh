@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# On the GPU machine: tensor-core kernels on (WEFT_CUDA_MMA=1) against off in the same run, the
-# batch-1 launch knobs (WEFT_CUDA_MMA_MIN_M, WEFT_CUDA_MLA_SPLIT_TILES), kernel tests first and a
-# batch-8 Nsight profile last. Output in $OUT (ab.md, kernels.txt, profile.md).
+# On the GPU machine: tensor-core kernels on (WEFT_CUDA_MMA=1) against off in the same run
+# (MMA_AB="1" for on only), the launch knobs (WEFT_CUDA_MMA_MIN_M, WEFT_CUDA_MLA_WAVES,
+# WEFT_CUDA_MOE_DEVICE_TOKENS), kernel tests first and a batch-8 Nsight profile last. Output in
+# $OUT (ab.md, kernels.txt, profile.md).
 set -uo pipefail
 export WEFT_DEMO_MODEL=$PWD/models/demo
 M=models/dummy/moonlight-16b-a3b; K=models/dummy/kimi-k2-slice
@@ -14,15 +15,19 @@ import json; a, b = (json.load(open('$OUT/demo-%s.json' % k)) for k in ('cpu', '
 same = next((i for i, (x, y) in enumerate(zip(a['token_ids'], b['token_ids'])) if x != y), len(a['token_ids']))
 print(f'demo greedy: {same}/{len(a[\"token_ids\"])} identical')"
 {
-for mma in 1 0; do
+for mma in ${MMA_AB:-1 0}; do
   echo "== WEFT_CUDA_MMA=$mma moonlight"
   WEFT_CUDA_MMA=$mma timeout 150 .device/roofline $M --dummy --batch 1,8,32,64,128 --ctx 1024,4096 --prefill 1024 --steps 6 2>&1 | grep -E "^\| [0-9]|GPU"
   echo "== WEFT_CUDA_MMA=$mma kimi"
   WEFT_CUDA_MMA=$mma timeout 100 .device/roofline $K --dummy --batch 1,8,64 --ctx 1024 --prefill 1024 --steps 6 2>&1 | grep -E "^\| [0-9]"
 done
-echo "== batch-1 knobs"
-for v in "WEFT_CUDA_MMA_MIN_M=1" "WEFT_CUDA_MLA_SPLIT_TILES=2" "WEFT_CUDA_MLA_SPLIT_TILES=4" "WEFT_CUDA_MLA_SPLIT_TILES=8"; do
-  echo "-- $v"; env $v timeout 60 .device/roofline $M --dummy --batch 1 --ctx 1024,4096 --prefill 16 --steps 8 2>&1 | grep -E "^\| [0-9]"
+echo "== knobs"
+for v in "WEFT_CUDA_MMA_MIN_M=1" "WEFT_CUDA_MLA_WAVES=1" "WEFT_CUDA_MLA_WAVES=2"; do
+  echo "-- $v"; env $v timeout 60 .device/roofline $M --dummy --batch 1,8,64 --ctx 1024,4096 --prefill 16 --steps 6 2>&1 | grep -E "^\| [0-9]"
+done
+for v in "WEFT_CUDA_MOE_DEVICE_TOKENS=128"; do
+  echo "-- $v moonlight, kimi"; env $v timeout 60 .device/roofline $M --dummy --batch 128 --ctx 1024 --prefill 1024 --steps 6 2>&1 | grep -E "^\| [0-9]"
+  env $v timeout 60 .device/roofline $K --dummy --batch 64 --ctx 1024 --prefill 1024 --steps 6 2>&1 | grep -E "^\| [0-9]"
 done
 } 2>&1 | tee $OUT/ab.md
 NCU_BATCH=8 COUNT=2000 BINS="" timeout 200 bash scripts/gpu/profile_decode.sh > /dev/null 2>&1; tail -25 $OUT/profile.md

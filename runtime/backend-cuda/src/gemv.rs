@@ -5,7 +5,7 @@
 
 use crate::ops::flat;
 use crate::{dev, CudaBackend, CudaMatrix};
-use cudarc::driver::{CudaSlice, LaunchArgs, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchArgs, LaunchConfig, PushKernelArg};
 use weft_backend::Result;
 
 /// Largest batch the bf16 weight-streaming path takes (beyond it tensor cores win).
@@ -18,7 +18,9 @@ const THREADS: u32 = 256;
 /// cuBLAS. They start at 2 rows (one row is the CUDA-core kernels' case; `WEFT_CUDA_MMA_MIN_M`
 /// moves that, for measurements).
 pub const MMA_MAX_M: usize = 64;
-const MMA_THREADS: u32 = 128;
+/// Floats of the dense tensor-core kernels' shared reduction buffer (`MMA_SPLIT_FLOATS`): a
+/// sub-group's partial sums take 256 per 8 activation rows of a pass.
+const MMA_SPLIT_FLOATS: usize = 8192;
 /// Weight rows per sub-group in the dense tensor-core kernels (two 16-row tiles).
 const MMA_UNIT: usize = 32;
 /// Tensor-core kernels by [bf16, fp8][8, 16, 32 activation rows per pass].
@@ -43,6 +45,20 @@ impl<'a> WeightArgs<'a> {
             Some(f) => l.arg(&f.bytes).arg(&f.scales).arg(&self.grid[0]).arg(&self.grid[1]).arg(&self.grid[2]),
         };
     }
+}
+
+/// Sub-groups per unit of the dense tensor-core kernels: enough that the GPU holds about 16
+/// sub-groups' loads in flight per SM (a 2048-row projection is only 64 units), each still
+/// taking at least two column chunks (one loop trip), at most what the shared reduction buffer
+/// holds for `m` rows (32, 16 or 8 sub-groups) and what the kernel's registers allow in one
+/// block (`max_threads`).
+pub(crate) fn mma_split(units: usize, chunks: usize, m: usize, num_sms: usize, max_threads: usize) -> usize {
+    let max = (MMA_SPLIT_FLOATS / (256 << mma_variant(m))).min(max_threads / 32);
+    let mut split = 1;
+    while 2 * split <= max && units * split < 16 * num_sms && chunks >= 4 * split {
+        split *= 2;
+    }
+    split
 }
 
 /// Index of the tensor-core kernel variant for `m` rows: passes of 8, 16 or 32.
@@ -155,11 +171,11 @@ impl CudaBackend {
     /// `gemv` on tensor cores (`gemv_mma_fits`).
     pub(crate) fn gemv_mma(&self, w: &CudaMatrix, x: &CudaSlice<f32>, m: usize, groups: usize) -> Result<CudaSlice<f32>> {
         let mut out = self.out(m * w.rows)?;
-        let per_block = (MMA_THREADS / crate::SUBGROUP) as usize;
-        let cfg = LaunchConfig { grid_dim: ((w.rows / MMA_UNIT).div_ceil(per_block) as u32, 1, 1), block_dim: (MMA_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let f = self.func(GEMV_MMA[w.fp8.is_some() as usize][mma_variant(m)]);
+        let cfg = self.mma_launch(f, w.rows / MMA_UNIT, w, m)?;
         let (m32, rows, cols, grp, xs) = (m as u32, w.rows as u32, w.cols as u32, (w.rows / groups) as u32, (groups * w.cols) as u32);
         let wa = WeightArgs::new(w);
-        let mut l = self.stream.launch_builder(self.func(GEMV_MMA[w.fp8.is_some() as usize][mma_variant(m)]));
+        let mut l = self.stream.launch_builder(f);
         wa.push(&mut l);
         l.arg(x).arg(&mut out).arg(&m32).arg(&rows).arg(&cols).arg(&grp).arg(&xs);
         unsafe { l.launch(cfg) }.map_err(dev)?;
@@ -169,15 +185,23 @@ impl CudaBackend {
     /// `gemv_gated` on tensor cores (`gemv_mma_fits` of the stacked weight as one group).
     pub(crate) fn gemv_gated_mma(&self, w: &CudaMatrix, x: &CudaSlice<f32>, m: usize, inter: usize) -> Result<CudaSlice<f32>> {
         let mut out = self.out(m * inter)?;
-        let per_block = (MMA_THREADS / crate::SUBGROUP) as usize;
-        let cfg = LaunchConfig { grid_dim: ((inter / 16).div_ceil(per_block) as u32, 1, 1), block_dim: (MMA_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let f = self.func(GEMV_GATED_MMA[w.fp8.is_some() as usize][mma_variant(m)]);
+        let cfg = self.mma_launch(f, inter / 16, w, m)?;
         let (m32, i32_, cols) = (m as u32, inter as u32, w.cols as u32);
         let wa = WeightArgs::new(w);
-        let mut l = self.stream.launch_builder(self.func(GEMV_GATED_MMA[w.fp8.is_some() as usize][mma_variant(m)]));
+        let mut l = self.stream.launch_builder(f);
         wa.push(&mut l);
         l.arg(x).arg(&mut out).arg(&m32).arg(&i32_).arg(&cols);
         unsafe { l.launch(cfg) }.map_err(dev)?;
         Ok(out)
+    }
+
+    /// A block per unit (two 16-row tiles), split over `mma_split` sub-groups along the columns.
+    fn mma_launch(&self, f: &CudaFunction, units: usize, w: &CudaMatrix, m: usize) -> Result<LaunchConfig> {
+        let chunks = w.cols / if w.fp8.is_some() { 64 } else { 32 };
+        let max_threads = f.max_threads_per_block().map_err(dev)? as usize;
+        let split = mma_split(units, chunks, m, self.num_sms, max_threads);
+        Ok(LaunchConfig { grid_dim: (units as u32, 1, 1), block_dim: (32 * split as u32, 1, 1), shared_mem_bytes: 0 })
     }
 
     /// A bf16 copy of an fp8 weight (scratch for the cuBLAS path).
@@ -190,5 +214,30 @@ impl CudaBackend {
         l.arg(&f.bytes).arg(&f.scales).arg(&sc_cols).arg(&br).arg(&bc).arg(&mut out).arg(&rows).arg(&cols);
         unsafe { l.launch(flat(n)) }.map_err(dev)?;
         Ok(Some(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The split never outgrows the shared buffer or leaves a sub-group under two column
+    /// chunks, and short matrices get split while tall ones (lm_head) do not.
+    #[test]
+    fn mma_split_bounds() {
+        for units in [1usize, 16, 64, 88, 176, 704, 5120] {
+            for chunks in [1usize, 2, 4, 16, 64, 112, 224] {
+                for m in [2usize, 8, 9, 16, 17, 64] {
+                    let s = mma_split(units, chunks, m, 132, 1024);
+                    assert!(mma_split(units, chunks, m, 132, 384) <= 8);
+                    assert!(s.is_power_of_two() && s * (256 << mma_variant(m)) <= MMA_SPLIT_FLOATS, "{units} {chunks} {m}: {s}");
+                    assert!(s == 1 || chunks >= 2 * s, "{units} {chunks} {m}: {s}");
+                }
+            }
+        }
+        assert_eq!(mma_split(64, 64, 8, 132, 1024), 32); // o_proj 2048x2048 bf16, decode batch 8
+        assert_eq!(mma_split(64, 64, 8, 132, 512), 16); // registers for 512 threads only
+        assert_eq!(mma_split(64, 64, 64, 132, 1024), 8);
+        assert_eq!(mma_split(5120, 64, 8, 132, 1024), 1); // lm_head 163840 rows
     }
 }

@@ -186,6 +186,13 @@ pub struct CudaBackend {
     /// Fewest 16-token tiles per MLA context split (1; `WEFT_CUDA_MLA_SPLIT_TILES`): fewer,
     /// longer splits trade parallelism for less per-split work (query loads, partial outputs).
     pub mla_split_tiles: usize,
+    /// MLA decode blocks wanted per SM (4; `WEFT_CUDA_MLA_WAVES`): the context is split until
+    /// rows × head groups × splits reaches this many waves.
+    pub mla_waves: usize,
+    /// Most routed tokens per expert on average that the device MoE path takes with the
+    /// tensor-core expert kernels (`WEFT_CUDA_MOE_DEVICE_TOKENS`, default 32); past it,
+    /// routing on the host and a cuBLAS GEMM pair per expert.
+    pub moe_device_tokens: usize,
     pub num_sms: usize,
     /// Largest dynamic shared memory a block may opt into.
     pub smem_optin: usize,
@@ -302,6 +309,8 @@ impl CudaBackend {
             mma,
             mma_min_m: std::env::var("WEFT_CUDA_MMA_MIN_M").ok().and_then(|v| v.parse().ok()).unwrap_or(2),
             mla_split_tiles: std::env::var("WEFT_CUDA_MLA_SPLIT_TILES").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1),
+            mla_waves: std::env::var("WEFT_CUDA_MLA_WAVES").ok().and_then(|v| v.parse().ok()).unwrap_or(4).max(1),
+            moe_device_tokens: std::env::var("WEFT_CUDA_MOE_DEVICE_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(32),
             num_sms,
             smem_optin,
             uploads: uploads::UploadCache::default(),

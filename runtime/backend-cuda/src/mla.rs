@@ -45,7 +45,7 @@ impl CudaBackend {
         let max_ctx = self.split_context(rows.iter().map(|r| r.ctx_len).max().unwrap_or(1));
         // Enough blocks for a few waves over every SM; each split at least one tile.
         let base = rows.len() * groups;
-        let want = (4 * self.num_sms).div_ceil(base.max(1));
+        let want = (self.mla_waves * self.num_sms).div_ceil(base.max(1));
         let mut nsplit = want.clamp(1, max_ctx.div_ceil(TILE));
         let chunk = (max_ctx.div_ceil(nsplit).div_ceil(TILE) * TILE).max(self.mla_split_tiles * TILE);
         nsplit = max_ctx.div_ceil(chunk);

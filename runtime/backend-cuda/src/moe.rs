@@ -13,10 +13,9 @@ const THREADS: u32 = 256;
 const MAX_EXPERTS: usize = 1024;
 const MAX_GROUPS: usize = 64;
 /// The device path is taken while experts see few tokens each on average (weight streaming
-/// beats per-expert GEMMs after host routing there): 8 on CUDA cores, 32 with the tensor-core
-/// expert kernels (passes of 16 entries; prefill chunks stay on the host path).
+/// beats per-expert GEMMs after host routing there): 8 on CUDA cores; with the tensor-core
+/// expert kernels, the backend's `moe_device_tokens`.
 const MAX_AVG_TOKENS_PER_EXPERT: usize = 8;
-const MAX_AVG_TOKENS_PER_EXPERT_MMA: usize = 32;
 
 /// Weight rows per tensor-core tile (`MMA_ROWS` in mma.cu) and threads per block there.
 const MMA_ROWS: usize = 16;
@@ -75,7 +74,7 @@ impl CudaBackend {
         if cfg.n_group > 1 && (cfg.n_group > MAX_GROUPS || e % cfg.n_group != 0 || cfg.topk_group == 0 || cfg.topk_group > cfg.n_group) {
             return false;
         }
-        let max_avg = if self.moe_mma_fits(&experts[0]) { MAX_AVG_TOKENS_PER_EXPERT_MMA } else { MAX_AVG_TOKENS_PER_EXPERT };
+        let max_avg = if self.moe_mma_fits(&experts[0]) { self.moe_device_tokens } else { MAX_AVG_TOKENS_PER_EXPERT };
         if m * cfg.top_k > max_avg * e {
             return false;
         }
