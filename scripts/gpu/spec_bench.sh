@@ -9,7 +9,8 @@
 #   oracle — the oracle instrument at acceptance 0.5/0.7/0.9 (4 drafts, fixed length): real
 #            verify passes with synthetic verdicts, the speed of a drafter of that acceptance.
 # Every bench: --input-len $IN (1024) --output-len $OUTLEN (256) --concurrency $CONC (1,8,32),
-# one wave per slot (at least 4 requests), greedy. Logs and JSON go to $OUT.
+# one wave per slot (at least 4 requests), greedy. Logs and JSON go to $OUT; on the device
+# machine run `OUT=/tmp/spec PACK_TO=$OUT bash scripts/gpu/spec_bench.sh` (see the end).
 set -uo pipefail
 OUT=${OUT:-.device/out}; mkdir -p "$OUT"
 STEPS=${STEPS:-equal off ngram oracle}
@@ -99,4 +100,13 @@ for a in 0.5 0.7 0.9; do
         bench 8023 "oracle-$a"
         stop; } 2>&1 | tee "$OUT/spec-oracle-$a.md"
 done
+fi
+
+# The device machine returns at most 8 files from its $OUT: with PACK_TO set (run with OUT
+# elsewhere, PACK_TO=$OUT), the tables and verdicts go there as one summary.md and every log and
+# JSON as one spec-raw.tgz.
+if [ -n "${PACK_TO:-}" ]; then
+    mkdir -p "$PACK_TO"
+    for f in "$OUT"/spec-equal.txt "$OUT"/spec-*.md; do [ -f "$f" ] && { echo "# $(basename "$f")"; cat "$f"; echo; }; done > "$PACK_TO/summary.md"
+    tar czf "$PACK_TO/spec-raw.tgz" -C "$OUT" .
 fi
