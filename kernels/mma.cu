@@ -1,7 +1,9 @@
 // Weight-streaming products on tensor cores for a few to 64 activation rows (`mma.sync`
 // m16n8k16, bf16 inputs, f32 accumulation; NVIDIA sm_80 and later): MoE experts serving
 // several tokens each (same inputs, plan and outputs as moe_*_t8 in moe.cu) and dense linears
-// (as gemv_* in gemv.cu). The CUDA-core kernels re-read every activation once per weight row;
+// (as gemv_* in gemv.cu). Each f32 activation goes in as two bf16 parts (its rounding and the
+// rounding's error), so results track the f32-activation kernels to ~1e-5 rather than bf16's
+// ~1e-3. The CUDA-core kernels re-read every activation once per weight row;
 // here a sub-group multiplies 32 weight rows by 8–32 activation rows per pass, so activations
 // cost at most as much traffic as the weights.
 //
@@ -39,6 +41,22 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], u32, u32, u32, u32
 __device__ __forceinline__ u32 bf16x2(float lo, float hi) { return (u32)f32_to_bf16(lo) | ((u32)f32_to_bf16(hi) << 16); }
 #endif
 
+// x to a bf16 pair hi (round to nearest) and the bf16 pair of what rounding lost, lo.
+__device__ __forceinline__ void split_bf16x2(float x, float y, u32& hi, u32& lo) {
+    hi = bf16x2(x, y);
+    lo = bf16x2(x - __uint_as_float(hi << 16), y - __uint_as_float(hi & 0xffff0000u));
+}
+
+template <int NTL>
+__device__ __forceinline__ void zero_acc(float (&acc)[2][NTL][4]) {
+#pragma unroll
+    for (int q = 0; q < 2; q++)
+#pragma unroll
+        for (int j = 0; j < NTL; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[q][j][i] = 0.f;
+}
+
 // Two e4m3 codes (bits 0..7 and 16..23 of x) to a bf16 pair, exactly.
 __device__ __forceinline__ u32 fp8x2_to_bf16x2(u32 x) {
     u32 mag = x & 0x007f007fu;
@@ -72,12 +90,7 @@ __device__ __forceinline__ void mma_rows(WeightRef W, const u32 (&rb)[2], u32 co
         xok[j] = j * MMA_TOKENS + g < nt;
         xp[j] = x + (i64)(xok[j] ? xrow[j] : 0) * xstride;
     }
-#pragma unroll
-    for (int q = 0; q < 2; q++)
-#pragma unroll
-        for (int j = 0; j < NTL; j++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[q][j][i] = 0.f;
+    zero_acc<NTL>(acc);
     for (u32 c0 = c_begin; c0 < c_end; c0 += U * CH) {
         uint4 a[U][2][2];
 #pragma unroll
@@ -92,30 +105,26 @@ __device__ __forceinline__ void mma_rows(WeightRef W, const u32 (&rb)[2], u32 co
         for (int u = 0; u < U; u++) {
             u32 c = c0 + u * CH + V * t;
             if (c0 + u * CH >= c_end) break;
-            // This lane's V activations of each token column, as bf16 pairs.
-            u32 b[NTL][V / 2];
-#pragma unroll
-            for (int j = 0; j < NTL; j++)
-#pragma unroll
-                for (int i = 0; i < V; i += 4) {
-                    float4 v = xok[j] ? *(const float4*)(xp[j] + c + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-                    b[j][i / 2] = bf16x2(v.x, v.y);
-                    b[j][i / 2 + 1] = bf16x2(v.z, v.w);
-                }
             float part[2][NTL][4];
+            if (FP8) zero_acc<NTL>(part);
 #pragma unroll
-            for (int q = 0; q < 2; q++)
+            for (int s = 0; s < V / 4; s++) {
+                // k16 step s: this lane's activations 4s..4s+3 of each token column, each pair
+                // split into a bf16 pair and the bf16 pair of its rounding error (hi + lo carries
+                // 16 mantissa bits: products then match f32 activations to ~1e-5, which greedy
+                // decoding needs when verify rows and one-token steps take different kernels).
+                u32 bh[NTL][2], bl[NTL][2];
 #pragma unroll
-                for (int j = 0; j < NTL; j++)
+                for (int j = 0; j < NTL; j++) {
+                    float4 v = xok[j] ? *(const float4*)(xp[j] + c + 4 * s) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    split_bf16x2(v.x, v.y, bh[j][0], bl[j][0]);
+                    split_bf16x2(v.z, v.w, bh[j][1], bl[j][1]);
+                }
 #pragma unroll
-                    for (int i = 0; i < 4; i++) part[q][j][i] = 0.f;
-#pragma unroll
-            for (int q = 0; q < 2; q++) {
-                u32 lo[4] = {a[u][q][0].x, a[u][q][0].y, a[u][q][0].z, a[u][q][0].w};
-                u32 hi[4] = {a[u][q][1].x, a[u][q][1].y, a[u][q][1].z, a[u][q][1].w};
-#pragma unroll
-                for (int s = 0; s < V / 4; s++) {
-                    // k16 step s: this lane's values 4s..4s+3 of rows g (lo) and g+8 (hi).
+                for (int q = 0; q < 2; q++) {
+                    // This lane's weights 4s..4s+3 of rows g (lo) and g+8 (hi).
+                    const u32 lo[4] = {a[u][q][0].x, a[u][q][0].y, a[u][q][0].z, a[u][q][0].w};
+                    const u32 hi[4] = {a[u][q][1].x, a[u][q][1].y, a[u][q][1].z, a[u][q][1].w};
                     u32 a0, a1, a2, a3;
                     if (FP8) {
                         a0 = fp8x2_to_bf16x2(__byte_perm(lo[s], 0u, 0x4140));
@@ -130,8 +139,9 @@ __device__ __forceinline__ void mma_rows(WeightRef W, const u32 (&rb)[2], u32 co
                     }
 #pragma unroll
                     for (int j = 0; j < NTL; j++) {
-                        if (FP8) mma_bf16_16816(part[q][j], a0, a1, a2, a3, b[j][2 * s], b[j][2 * s + 1]);
-                        else mma_bf16_16816(acc[q][j], a0, a1, a2, a3, b[j][2 * s], b[j][2 * s + 1]);
+                        float (&d)[4] = FP8 ? part[q][j] : acc[q][j];
+                        mma_bf16_16816(d, a0, a1, a2, a3, bh[j][0], bh[j][1]);
+                        mma_bf16_16816(d, a0, a1, a2, a3, bl[j][0], bl[j][1]);
                     }
                 }
             }

@@ -7,6 +7,16 @@ extern "C" __global__ void cast_f32_bf16(const float* x, u16* y, i64 n) {
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) y[i] = f32_to_bf16(x[i]);
 }
 
+// x as two bf16 arrays, its rounding hi and the rounding's error lo (hi + lo: 16 mantissa bits),
+// for GEMMs whose products should track f32 activations (two passes, the second adding).
+extern "C" __global__ void cast_f32_bf16_split(const float* x, u16* hi, u16* lo, i64 n) {
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+        u16 h = f32_to_bf16(x[i]);
+        hi[i] = h;
+        lo[i] = f32_to_bf16(x[i] - bf16_to_f32(h));
+    }
+}
+
 extern "C" __global__ void embed_bf16(const u16* table, const u32* ids, float* out, u32 d) {
     const u16* row = table + (i64)ids[blockIdx.x] * d;
     for (u32 j = threadIdx.x; j < d; j += blockDim.x) out[(i64)blockIdx.x * d + j] = bf16_to_f32(row[j]);

@@ -5,7 +5,7 @@
 
 use crate::ops::flat;
 use crate::{dev, CudaBackend, CudaMatrix};
-use cudarc::driver::{CudaFunction, CudaSlice, LaunchArgs, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchArgs, LaunchConfig, PushKernelArg};
 use weft_backend::Result;
 
 /// Largest batch the bf16 weight-streaming path takes (beyond it tensor cores win).
@@ -164,15 +164,14 @@ impl CudaBackend {
         if !self.mma || self.slow_paths || !(self.mma_min_m..=MMA_MAX_M).contains(&m) || w.f32_data.is_some() {
             return false;
         }
-        let chunk = if w.fp8.is_some() { 64 } else { 32 };
-        w.cols % chunk == 0 && w.rows % MMA_UNIT == 0 && group_rows % MMA_UNIT == 0 && w.fp8.as_ref().is_none_or(|f| f.block_rows % 16 == 0 && f.block_cols % 64 == 0)
+        mma_takes(w) && w.rows % MMA_UNIT == 0 && group_rows % MMA_UNIT == 0
     }
 
     /// `gemv` on tensor cores (`gemv_mma_fits`).
     pub(crate) fn gemv_mma(&self, w: &CudaMatrix, x: &CudaSlice<f32>, m: usize, groups: usize) -> Result<CudaSlice<f32>> {
         let mut out = self.out(m * w.rows)?;
-        let f = self.func(GEMV_MMA[w.fp8.is_some() as usize][mma_variant(m)]);
-        let cfg = self.mma_launch(f, w.rows / MMA_UNIT, w, m)?;
+        let name = GEMV_MMA[w.fp8.is_some() as usize][mma_variant(m)];
+        let (f, cfg) = (self.func(name), self.mma_launch(name, w.rows / MMA_UNIT, w, m));
         let (m32, rows, cols, grp, xs) = (m as u32, w.rows as u32, w.cols as u32, (w.rows / groups) as u32, (groups * w.cols) as u32);
         let wa = WeightArgs::new(w);
         let mut l = self.stream.launch_builder(f);
@@ -185,8 +184,8 @@ impl CudaBackend {
     /// `gemv_gated` on tensor cores (`gemv_mma_fits` of the stacked weight as one group).
     pub(crate) fn gemv_gated_mma(&self, w: &CudaMatrix, x: &CudaSlice<f32>, m: usize, inter: usize) -> Result<CudaSlice<f32>> {
         let mut out = self.out(m * inter)?;
-        let f = self.func(GEMV_GATED_MMA[w.fp8.is_some() as usize][mma_variant(m)]);
-        let cfg = self.mma_launch(f, inter / 16, w, m)?;
+        let name = GEMV_GATED_MMA[w.fp8.is_some() as usize][mma_variant(m)];
+        let (f, cfg) = (self.func(name), self.mma_launch(name, inter / 16, w, m));
         let (m32, i32_, cols) = (m as u32, inter as u32, w.cols as u32);
         let wa = WeightArgs::new(w);
         let mut l = self.stream.launch_builder(f);
@@ -197,11 +196,9 @@ impl CudaBackend {
     }
 
     /// A block per unit (two 16-row tiles), split over `mma_split` sub-groups along the columns.
-    fn mma_launch(&self, f: &CudaFunction, units: usize, w: &CudaMatrix, m: usize) -> Result<LaunchConfig> {
-        let chunks = w.cols / if w.fp8.is_some() { 64 } else { 32 };
-        let max_threads = f.max_threads_per_block().map_err(dev)? as usize;
-        let split = mma_split(units, chunks, m, self.num_sms, max_threads);
-        Ok(LaunchConfig { grid_dim: (units as u32, 1, 1), block_dim: (32 * split as u32, 1, 1), shared_mem_bytes: 0 })
+    fn mma_launch(&self, kernel: &'static str, units: usize, w: &CudaMatrix, m: usize) -> LaunchConfig {
+        let split = mma_split(units, w.cols / mma_chunk_cols(w), m, self.num_sms, self.max_threads[kernel]);
+        LaunchConfig { grid_dim: (units as u32, 1, 1), block_dim: (32 * split as u32, 1, 1), shared_mem_bytes: 0 }
     }
 
     /// A bf16 copy of an fp8 weight (scratch for the cuBLAS path).
@@ -215,6 +212,21 @@ impl CudaBackend {
         unsafe { l.launch(flat(n)) }.map_err(dev)?;
         Ok(Some(out))
     }
+}
+
+/// Columns of one tensor-core chunk (16 bytes per lane, four lanes): 32 bf16 or 64 fp8.
+pub(crate) fn mma_chunk_cols(w: &CudaMatrix) -> usize {
+    if w.fp8.is_some() {
+        64
+    } else {
+        32
+    }
+}
+
+/// Whether the tensor-core kernels can stream `w` along its columns: whole chunks in every row
+/// and, for fp8, one block scale per 16-row tile and chunk. Row tiling is the caller's test.
+pub(crate) fn mma_takes(w: &CudaMatrix) -> bool {
+    w.cols % mma_chunk_cols(w) == 0 && w.fp8.as_ref().is_none_or(|f| f.block_rows % 16 == 0 && f.block_cols % 64 == 0)
 }
 
 #[cfg(test)]

@@ -52,6 +52,7 @@ pub const KERNEL_SOURCE: &str = concat!(
 /// Every kernel the backend loads by name (a missing one fails `CudaBackend::new`).
 pub const KERNELS: &[&str] = &[
     "cast_f32_bf16",
+    "cast_f32_bf16_split",
     "embed_bf16",
     "gather_rows",
     "rms_norm",
@@ -167,6 +168,8 @@ pub struct CudaBackend {
     blas: Mutex<CudaBlas>,
     _module: Arc<CudaModule>,
     funcs: HashMap<&'static str, CudaFunction>,
+    /// Most threads a block of each kernel may have (its registers decide), asked once.
+    max_threads: HashMap<&'static str, usize>,
     /// e.g. "sm_90a"
     pub arch: String,
     pub device_name: String,
@@ -183,6 +186,11 @@ pub struct CudaBackend {
     pub mma: bool,
     /// Fewest activation rows the dense tensor-core kernels take (2; `WEFT_CUDA_MMA_MIN_M`).
     pub mma_min_m: usize,
+    /// cuBLAS GEMMs take f32 activations as two bf16 parts in two passes (default), so a row's
+    /// result does not depend on which kernel its batch size picked, to f32-accumulation
+    /// distance: greedy speculative decoding then matches plain decoding. `WEFT_CUDA_GEMM_SPLIT=0`:
+    /// one pass with bf16-rounded activations (~1e-3 relative; half the GEMM work).
+    pub gemm_split: bool,
     /// Fewest 16-token tiles per MLA context split (1; `WEFT_CUDA_MLA_SPLIT_TILES`): fewer,
     /// longer splits trade parallelism for less per-split work (query loads, partial outputs).
     pub mla_split_tiles: usize,
@@ -275,9 +283,11 @@ impl CudaBackend {
         let device_name = ctx.name().unwrap_or_else(|_| "unknown".into());
         let ptx = compile_kernels(arch)?;
         let module = ctx.load_module(ptx).map_err(dev)?;
-        let mut funcs = HashMap::new();
+        let (mut funcs, mut max_threads) = (HashMap::new(), HashMap::new());
         for &k in KERNELS {
-            funcs.insert(k, module.load_function(k).map_err(|e| BackendError::Device(format!("kernel {k}: {e:?}")))?);
+            let f = module.load_function(k).map_err(|e| BackendError::Device(format!("kernel {k}: {e:?}")))?;
+            max_threads.insert(k, f.max_threads_per_block().map_err(dev)? as usize);
+            funcs.insert(k, f);
         }
         use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
         let num_sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(dev)? as usize;
@@ -301,6 +311,7 @@ impl CudaBackend {
             blas: Mutex::new(blas),
             _module: module,
             funcs,
+            max_threads,
             arch: arch.to_string(),
             device_name,
             poison,
@@ -308,6 +319,7 @@ impl CudaBackend {
             slow_paths,
             mma,
             mma_min_m: std::env::var("WEFT_CUDA_MMA_MIN_M").ok().and_then(|v| v.parse().ok()).unwrap_or(2),
+            gemm_split: std::env::var("WEFT_CUDA_GEMM_SPLIT").map_or(true, |v| v != "0"),
             mla_split_tiles: std::env::var("WEFT_CUDA_MLA_SPLIT_TILES").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1),
             mla_waves: std::env::var("WEFT_CUDA_MLA_WAVES").ok().and_then(|v| v.parse().ok()).unwrap_or(4).max(1),
             moe_device_tokens: std::env::var("WEFT_CUDA_MOE_DEVICE_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(32),

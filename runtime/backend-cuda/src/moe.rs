@@ -59,10 +59,7 @@ impl CudaBackend {
     /// and chunk. `WEFT_CUDA_MMA=0` (the backend's `mma` flag) keeps the CUDA-core kernels.
     fn moe_mma_fits(&self, first: &ExpertWeights<CudaMatrix>) -> bool {
         let (hidden, inter) = (first.gate_up.cols, first.inter);
-        let fp8 = first.gate_up.fp8.is_some();
-        let chunk = if fp8 { 64 } else { 32 };
-        let scales_fit = [&first.gate_up, &first.down].iter().all(|m| m.fp8.as_ref().is_none_or(|f| f.block_rows % MMA_ROWS == 0 && f.block_cols % 64 == 0));
-        self.mma && hidden % chunk == 0 && inter % chunk == 0 && hidden % (2 * MMA_ROWS) == 0 && inter % MMA_ROWS == 0 && scales_fit
+        self.mma && crate::gemv::mma_takes(&first.gate_up) && crate::gemv::mma_takes(&first.down) && hidden % (2 * MMA_ROWS) == 0 && inter % MMA_ROWS == 0
     }
 
     /// Whether the device MoE path handles this layer and batch.

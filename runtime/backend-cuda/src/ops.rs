@@ -101,9 +101,26 @@ impl CudaBackend {
         Ok(y)
     }
 
+    /// x as bf16 (`gemm_split`: its rounding then the rounding's error, `2n` values).
+    fn to_bf16_parts(&self, x: &CudaSlice<f32>, n: usize) -> Result<CudaSlice<u16>> {
+        if !self.gemm_split {
+            return self.to_bf16(x, n);
+        }
+        let mut y = unsafe { self.stream.alloc::<u16>(2 * n.max(1)) }.map_err(dev)?;
+        let n64 = n as i64;
+        {
+            let (mut hi, mut lo) = y.split_at_mut(n.max(1));
+            let mut l = self.stream.launch_builder(self.func("cast_f32_bf16_split"));
+            l.arg(x).arg(&mut hi).arg(&mut lo).arg(&n64);
+            unsafe { l.launch(flat(n)) }.map_err(dev)?;
+        }
+        Ok(y)
+    }
+
     /// `out[m, n] = x[m, k] · w[n, k]ᵀ` (batched over `batch` heads with the given strides):
-    /// bf16 × bf16 when the weight is bf16, else f32 × f32 (no TF32: the handle's default math
-    /// mode); f32 accumulation and output either way.
+    /// bf16 × bf16 when the weight is bf16 (activations in two bf16 parts, two passes, unless
+    /// `gemm_split` is off), else f32 × f32 (no TF32: the handle's default math mode); f32
+    /// accumulation and output either way.
     #[allow(clippy::too_many_arguments)]
     fn gemm(&self, wm: &CudaMatrix, x: &CudaSlice<f32>, out: &mut CudaSlice<f32>, n: usize, m: usize, k: usize, batch: usize, ldb: usize, ldc: usize) -> Result<()> {
         let scratch = if wm.f32_data.is_none() { self.dequant(wm)? } else { None };
@@ -114,9 +131,15 @@ impl CudaBackend {
         };
         let xb;
         let (pa, _ga, pb, _gb, ty);
+        // Activation parts: (device pointer offset in elements) per pass.
+        let mut passes = vec![0usize];
         match w {
             Weight::Bf16(wb) => {
-                xb = self.to_bf16(x, m * batch * k)?;
+                let nx = m * batch * k;
+                xb = self.to_bf16_parts(x, nx)?;
+                if self.gemm_split {
+                    passes.push(nx.max(1));
+                }
                 (pa, _ga) = wb.device_ptr(&self.stream);
                 (pb, _gb) = xb.device_ptr(&self.stream);
                 ty = cudaDataType::CUDA_R_16BF;
@@ -127,37 +150,41 @@ impl CudaBackend {
                 ty = cudaDataType::CUDA_R_32F;
             }
         }
+        let elem = if ty == cudaDataType::CUDA_R_16BF { 2 } else { 4 };
         let blas = self.blas.lock().unwrap();
-        let (alpha, beta) = (1.0f32, 0.0f32);
         let (pc, _gc) = out.device_ptr_mut(&self.stream);
-        unsafe {
-            cudarc::cublas::result::gemm_strided_batched_ex(
-                *blas.handle(),
-                cublasOperation_t::CUBLAS_OP_T,
-                cublasOperation_t::CUBLAS_OP_N,
-                n as i32,
-                m as i32,
-                k as i32,
-                &alpha as *const f32 as *const c_void,
-                pa as *const c_void,
-                ty,
-                k as i32,
-                (n * k) as i64,
-                pb as *const c_void,
-                ty,
-                ldb as i32,
-                k as i64,
-                &beta as *const f32 as *const c_void,
-                pc as *mut c_void,
-                cudaDataType::CUDA_R_32F,
-                ldc as i32,
-                n as i64,
-                batch as i32,
-                cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
+        for (i, &off) in passes.iter().enumerate() {
+            let (alpha, beta) = (1.0f32, if i == 0 { 0.0f32 } else { 1.0 });
+            unsafe {
+                cudarc::cublas::result::gemm_strided_batched_ex(
+                    *blas.handle(),
+                    cublasOperation_t::CUBLAS_OP_T,
+                    cublasOperation_t::CUBLAS_OP_N,
+                    n as i32,
+                    m as i32,
+                    k as i32,
+                    &alpha as *const f32 as *const c_void,
+                    pa as *const c_void,
+                    ty,
+                    k as i32,
+                    (n * k) as i64,
+                    (pb + (off * elem) as u64) as *const c_void,
+                    ty,
+                    ldb as i32,
+                    k as i64,
+                    &beta as *const f32 as *const c_void,
+                    pc as *mut c_void,
+                    cudaDataType::CUDA_R_32F,
+                    ldc as i32,
+                    n as i64,
+                    batch as i32,
+                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .map_err(dev)?;
         }
-        .map_err(dev)
+        Ok(())
     }
 
     fn len(&self, b: &CudaSlice<f32>) -> usize {
@@ -435,9 +462,7 @@ impl Backend for CudaBackend {
         }
         let m = check_rows("moe", gate_logits.len(), e)?;
         let hidden = check_rows("moe", x.len(), m.max(1))?;
-        if shared.is_some_and(|s| s.len() != x.len()) {
-            return Err(shape("moe", format!("shared output of {} values for {} inputs", shared.map_or(0, |s| s.len()), x.len())));
-        }
+        weft_backend::check_moe_shared(shared.map(|s| s.len()), x.len())?;
         if self.moe_on_device_fits(cfg_r, experts, m) {
             return self.moe_on_device(x, gate_logits, bias, cfg_r, experts, m, hidden, shared);
         }

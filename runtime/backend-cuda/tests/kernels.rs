@@ -85,8 +85,13 @@ fn check(op: &str, a: &[f32], b: &[f32], tol: f32) {
     assert!(e <= tol, "{op}: relative error {e} above {tol}");
 }
 
-// bf16 activations into the GEMMs: ~2^-9 relative per rounding.
-const GEMM_TOL: f32 = 2e-2;
+// cuBLAS GEMMs take activations as two bf16 parts (`gemm_split`, on by default): f32-accumulation
+// distance from the CPU; one bf16 part measured ~2e-3.
+const GEMM_TOL: f32 = 1e-4;
+// fp8 weights for cuBLAS are first copied to bf16 (code × block scale, rounded): the weights, not
+// the activations, then carry ~2^-9 relative error (measured 1.8e-3 at 40 rows). Only batches
+// past the tensor-core kernels' 64 rows take that path.
+const FP8_COPY_TOL: f32 = 5e-3;
 const F32_TOL: f32 = 1e-4;
 
 #[test]
@@ -142,12 +147,12 @@ fn dense_ops_match_cpu() {
         check(name, &got, &c.head_linear(&xin, heads, &c.upload_matrix(&wm).unwrap()).unwrap(), GEMM_TOL);
     }
     // Decode-sized batches take the weight-streaming kernels: one row on CUDA cores (f32
-    // activations: tight), several on tensor cores (bf16 activations, MMA_TOL) or, with mma
+    // activations: tight), several on tensor cores (split bf16 activations, MMA_TOL) or, with mma
     // off, on CUDA cores again; 40 rows of fp8 go to tensor cores or a bf16 copy and cuBLAS.
     for mma in [false, true] {
         g.mma = mma;
         let few = if mma { MMA_TOL } else { 1e-5 };
-        let forty = if mma { MMA_TOL } else { GEMM_TOL };
+        let forty = if mma { MMA_TOL } else { FP8_COPY_TOL };
         decode_sized_linears(&g, &c, &mut r, &gate, few, forty, mma);
     }
     let gu = r.vec(m * 2 * 1408, 4.0);
@@ -201,6 +206,7 @@ fn decode_sized_linears(g: &CudaBackend, c: &CpuBackend, r: &mut Rng, gate: &Hos
         let wm = fp8_matrix(r, 2 * 1088, 1024);
         let xin = r.vec(mm * 1024, 1.0);
         let got = g.download(&g.gated_up(&g.upload(&xin).unwrap(), &g.upload_matrix(&wm).unwrap(), 1088).unwrap()).unwrap();
+        let tol = if mm == 40 && !mma { FP8_COPY_TOL } else { tol };
         check(&format!("gated_up fp8 m={mm} mma={mma}"), &got, &c.gated_up(&xin, &c.upload_matrix(&wm).unwrap(), 1088).unwrap(), tol);
     }
 }
@@ -323,9 +329,10 @@ fn moe_matches_cpu() {
     check_moe(&g, &c, &mut r, &cfg, &experts, m, hidden, "moe (route + experts)", GEMM_TOL);
 }
 
-/// The tensor-core expert kernels round activations to bf16 (weights are exact): a relative
-/// error of a few 1e-3, against 1e-6 for the f32-activation CUDA-core kernels.
-const MMA_TOL: f32 = 5e-3;
+/// The tensor-core kernels feed each activation as two bf16 parts (the rounded value and its
+/// rounding error: 16 mantissa bits; weights are exact), so they stay within f32-accumulation
+/// distance of the CUDA-core kernels (a single bf16 part measured up to 2.9e-3).
+const MMA_TOL: f32 = 1e-4;
 
 #[test]
 fn moe_decode_path_matches_cpu() {

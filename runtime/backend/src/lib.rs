@@ -26,6 +26,15 @@ pub enum BackendError {
 
 pub type Result<T> = std::result::Result<T, BackendError>;
 
+/// `Backend::moe`'s check of the optional shared-expert output: as many values as the input
+/// (every backend rejects a mismatch the same way).
+pub fn check_moe_shared(shared_len: Option<usize>, x_len: usize) -> Result<()> {
+    match shared_len {
+        Some(n) if n != x_len => Err(BackendError::Shape { op: "moe", reason: format!("shared output of {n} values for {x_len} inputs") }),
+        _ => Ok(()),
+    }
+}
+
 /// Rotary embedding parameters, computed once by the model from its config.
 #[derive(Clone, Debug)]
 pub struct RopeParams {

@@ -228,9 +228,7 @@ impl Backend for CpuBackend {
             return Err(shape_err("moe", format!("{} experts, {} biases, config says {}", experts.len(), bias.len(), cfg.n_experts)));
         }
         check_rows("moe", gate_logits.len(), cfg.n_experts)?;
-        if shared.is_some_and(|s| s.len() != x.len()) {
-            return Err(shape_err("moe", format!("shared output of {} values for {} inputs", shared.map_or(0, Vec::len), x.len())));
-        }
+        crate::check_moe_shared(shared.map(Vec::len), x.len())?;
         let mut out = moe::experts(self, x, gate_logits, bias, cfg, experts)?;
         if let Some(s) = shared {
             self.add_inplace(&mut out, s)?;
