@@ -1,7 +1,8 @@
 //! The DeepSeek-V3 forward pass over a [`Backend`]: embedding, per layer RMSNorm → MLA
 //! (absorbed, over the paged latent cache) → RMSNorm → dense MLP or MoE, final norm, lm_head.
 //! One call runs a batch of tokens from any number of sequences (prefill chunks and decode
-//! tokens mixed); which cache slots and context each token sees is the caller's business.
+//! tokens mixed); which cache slots and context each token sees is the caller's business. The
+//! checkpoint's multi-token-prediction modules run here too (`mtp_forward`, `mtp_logits`).
 
 use crate::config::ModelConfig;
 use crate::weights::{FeedForward, LayerWeights, ModelWeights, QueryProj};
@@ -73,6 +74,50 @@ impl<B: Backend> DeepseekV3<B> {
     /// `[rows, vocab]` logits of final-normed hidden states.
     pub fn logits(&self, hidden: &B::Buf) -> Result<B::Buf> {
         self.backend.linear(hidden, &self.weights.lm_head)
+    }
+
+    /// Multi-token-prediction modules in the checkpoint (0 when it ships none).
+    pub fn mtp_layers(&self) -> usize {
+        self.weights.mtp.len()
+    }
+
+    /// The latent pool layout of one MTP module's own cache (its single attention layer).
+    pub fn mtp_kv_layout(&self, num_pages: usize, page_size: usize) -> KvLayout {
+        KvLayout { layers: 1, ..self.kv_layout(num_pages, page_size) }
+    }
+
+    /// MTP module `k` over `batch`: the token at row i is the one at `positions[i] + 1` in its
+    /// sequence and `prev` row i the hidden state that predicted it (the model's final-normed
+    /// output, or this module's own output when drafting further ahead). Writes the module's
+    /// latents into `pool` (an [`Self::mtp_kv_layout`] pool) and returns its output hidden
+    /// states (before `shared_head.norm`), which predict the token after `tokens[i]`.
+    pub fn mtp_forward(&self, k: usize, pool: &mut B::KvPool, batch: &StepBatch<'_>, prev: &B::Buf) -> Result<B::Buf> {
+        let be = &self.backend;
+        let (h, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps as f32);
+        let w = self.mtp_module(k)?;
+        let e = be.rms_norm(&be.embed(&self.weights.embed, batch.tokens)?, h, &w.enorm, eps)?;
+        let hn = be.rms_norm(prev, h, &w.hnorm, eps)?;
+        // eh_proj · concat(e, hn), as the sum of its two column halves' products.
+        let mut residual = be.linear(&e, &w.eh_embed)?;
+        be.add_inplace(&mut residual, &be.linear(&hn, &w.eh_hidden)?)?;
+        let x = be.rms_norm(&residual, h, &w.layer.input_layernorm, eps)?;
+        let attn = self.attention(0, &w.layer, &x, pool, batch)?;
+        let x = be.add_rms_norm(&mut residual, &attn, h, &w.layer.post_attention_layernorm, eps)?;
+        let d = self.feed_forward(&w.layer, &x)?;
+        be.add_inplace(&mut residual, &d)?;
+        Ok(residual)
+    }
+
+    /// `[rows, vocab]` logits of MTP module `k`'s output hidden states (`shared_head`: its norm,
+    /// then its own head or the model's lm_head).
+    pub fn mtp_logits(&self, k: usize, g: &B::Buf) -> Result<B::Buf> {
+        let w = self.mtp_module(k)?;
+        let n = self.backend.rms_norm(g, self.cfg.hidden_size, &w.norm, self.cfg.rms_norm_eps as f32)?;
+        self.backend.linear(&n, w.head.as_ref().unwrap_or(&self.weights.lm_head))
+    }
+
+    fn mtp_module(&self, k: usize) -> Result<&crate::weights::MtpWeights<B>> {
+        self.weights.mtp.get(k).ok_or_else(|| weft_backend::BackendError::Shape { op: "mtp", reason: format!("MTP module {k} of {} in the checkpoint", self.weights.mtp.len()) })
     }
 
     fn attention(&self, layer: usize, lw: &LayerWeights<B>, x: &B::Buf, pool: &mut B::KvPool, batch: &StepBatch<'_>) -> Result<B::Buf> {

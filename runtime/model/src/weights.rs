@@ -52,12 +52,14 @@ pub struct LayerWeights<B: Backend> {
     pub ffn: FeedForward<B>,
 }
 
-/// The multi-token-prediction module (`num_nextn_predict_layers`), kept for speculative
-/// decoding.
+/// The multi-token-prediction module (`num_nextn_predict_layers`), the MTP drafter's weights.
+/// `eh_proj` (`[hidden, 2·hidden]`, applied to `concat(enorm(embedding), hnorm(hidden))`) is
+/// kept as its two column halves, so the concatenation becomes a sum of two products.
 pub struct MtpWeights<B: Backend> {
     pub enorm: B::Buf,
     pub hnorm: B::Buf,
-    pub eh_proj: B::Matrix,
+    pub eh_embed: B::Matrix,
+    pub eh_hidden: B::Matrix,
     pub layer: LayerWeights<B>,
     pub norm: B::Buf,
     pub head: Option<B::Matrix>,
@@ -198,6 +200,39 @@ fn stack_rows(name: &str, a: &HostMatrix<'_>, b: &HostMatrix<'_>) -> Result<Host
     Ok(HostMatrix::from_f32(name, a.rows + b.rows, a.cols, &v))
 }
 
+/// Columns `[0, at)` and `[at, cols)` of `m`, in checkpoint format when the cut falls on a scale
+/// block boundary (always, for unscaled dtypes); otherwise in f32.
+fn split_cols(name: &str, m: &HostMatrix<'_>, at: usize) -> Result<(HostMatrix<'static>, HostMatrix<'static>)> {
+    m.validate()?;
+    let (rows, cols) = (m.rows, m.cols);
+    if at > cols {
+        return Err(LoadError::Backend(BackendError::BadWeight { name: name.into(), reason: format!("cannot split {cols} columns at {at}") }));
+    }
+    let part = |c0: usize, c1: usize, suffix: &str| -> HostMatrix<'static> {
+        let es = m.dtype.size();
+        let mut bytes = Vec::with_capacity(rows * (c1 - c0) * es);
+        for r in 0..rows {
+            bytes.extend_from_slice(&m.bytes[(r * cols + c0) * es..(r * cols + c1) * es]);
+        }
+        let scales = m.scales.as_ref().map(|s| {
+            let (gr, gc) = s.grid(rows, cols);
+            let (b0, b1) = (c0 / s.block_cols, c1.div_ceil(s.block_cols));
+            let grid = (0..gr).flat_map(|i| s.scales[i * gc + b0..i * gc + b1].iter().copied()).collect();
+            weft_backend::BlockScales { block_rows: s.block_rows, block_cols: s.block_cols, scales: grid }
+        });
+        HostMatrix { name: format!("{name}{suffix}"), rows, cols: c1 - c0, dtype: m.dtype, bytes: Cow::Owned(bytes), scales }
+    };
+    if m.scales.as_ref().is_none_or(|s| at % s.block_cols == 0) {
+        return Ok((part(0, at, "[embedding half]"), part(at, cols, "[hidden half]")));
+    }
+    let v = m.to_f32()?;
+    let half = |c0: usize, c1: usize, suffix: &str| {
+        let vals: Vec<f32> = (0..rows).flat_map(|r| v[r * cols + c0..r * cols + c1].iter().copied()).collect();
+        HostMatrix::from_f32(format!("{name}{suffix}"), rows, c1 - c0, &vals)
+    };
+    Ok((half(0, at, "[embedding half]"), half(at, cols, "[hidden half]")))
+}
+
 impl<B: Backend> ModelWeights<B> {
     pub fn load(ck: &Checkpoint, cfg: &ModelConfig, be: &B) -> Result<Self> {
         let l = Loader { ck, be, cfg };
@@ -213,15 +248,19 @@ impl<B: Backend> ModelWeights<B> {
         for k in 0..cfg.num_nextn_predict_layers {
             let i = cfg.num_hidden_layers + k;
             let p = format!("model.layers.{i}");
-            if !ck.contains(&format!("{p}.eh_proj.weight")) {
+            // A dummy checkpoint synthesizes the MTP layers its config declares.
+            if !ck.is_dummy() && !ck.contains(&format!("{p}.eh_proj.weight")) {
                 tracing::info!("config declares {} MTP layer(s) but the checkpoint has none; speculative MTP disabled", cfg.num_nextn_predict_layers);
                 break;
             }
             let head_name = format!("{p}.shared_head.head.weight");
+            let eh_name = format!("{p}.eh_proj.weight");
+            let (eh_embed, eh_hidden) = split_cols(&eh_name, &ck.matrix(&eh_name, h, 2 * h)?, h)?;
             mtp.push(MtpWeights {
                 enorm: l.vec(&format!("{p}.enorm.weight"), h)?,
                 hnorm: l.vec(&format!("{p}.hnorm.weight"), h)?,
-                eh_proj: l.mat(&format!("{p}.eh_proj.weight"), h, 2 * h)?,
+                eh_embed: be.upload_matrix(&eh_embed)?,
+                eh_hidden: be.upload_matrix(&eh_hidden)?,
                 layer: l.layer(i)?,
                 norm: l.vec(&format!("{p}.shared_head.norm.weight"), h)?,
                 head: if ck.contains(&head_name) { Some(l.mat(&head_name, v, h)?) } else { None },
@@ -234,4 +273,41 @@ impl<B: Backend> ModelWeights<B> {
 /// Whether a checkpoint stores fp8 weights (for logs and tolerance choices).
 pub fn has_fp8(ck: &Checkpoint) -> bool {
     ck.tensor_names().any(|n| n.ends_with("_scale_inv"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weft_backend::{BlockScales, WeightDtype};
+
+    fn columns(v: &[f32], cols: usize, c0: usize, c1: usize) -> Vec<f32> {
+        v.chunks(cols).flat_map(|r| r[c0..c1].iter().copied()).collect()
+    }
+
+    /// Both halves hold exactly the original's columns: bf16 and fp8 cut on a scale block
+    /// boundary keep their format, fp8 cut inside a block falls back to f32.
+    #[test]
+    fn split_cols_keeps_every_value() {
+        let (rows, cols) = (5, 12);
+        let vals: Vec<f32> = (0..rows * cols).map(|i| (i as f32 - 20.0) * 0.25).collect();
+        let bf16: Vec<u8> = vals.iter().flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes()).collect();
+        let m = HostMatrix { name: "w".into(), rows, cols, dtype: WeightDtype::Bf16, bytes: Cow::Owned(bf16), scales: None };
+        let (a, b) = split_cols("w", &m, 8).unwrap();
+        assert_eq!((a.dtype, a.cols, b.cols), (WeightDtype::Bf16, 8, 4));
+        let all = m.to_f32().unwrap();
+        assert_eq!(a.to_f32().unwrap(), columns(&all, cols, 0, 8));
+        assert_eq!(b.to_f32().unwrap(), columns(&all, cols, 8, 12));
+        // fp8 codes 0x38 (1.0) .. with a 2x4 block grid of distinct scales.
+        let codes: Vec<u8> = (0..rows * cols).map(|i| 0x30 + (i % 16) as u8).collect();
+        let scales = BlockScales { block_rows: 2, block_cols: 4, scales: (0..9).map(|i| 1.0 + i as f32).collect() };
+        let m = HostMatrix { name: "q".into(), rows, cols, dtype: WeightDtype::Fp8E4M3, bytes: Cow::Owned(codes), scales: Some(scales) };
+        let all = m.to_f32().unwrap();
+        for at in [4, 8, 6] {
+            let (a, b) = split_cols("q", &m, at).unwrap();
+            assert_eq!(a.dtype == WeightDtype::Fp8E4M3, at % 4 == 0, "at {at}");
+            assert_eq!(a.to_f32().unwrap(), columns(&all, cols, 0, at), "at {at}");
+            assert_eq!(b.to_f32().unwrap(), columns(&all, cols, at, cols), "at {at}");
+        }
+        assert!(split_cols("q", &m, 13).is_err());
+    }
 }
