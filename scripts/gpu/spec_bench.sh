@@ -7,7 +7,11 @@
 #   off    — Moonlight-shaped dummy (bf16), no speculation, random and repeated-block prompts;
 #   ngram  — the same with prompt lookup (--speculative ngram, adaptive, 4 drafts);
 #   oracle — the oracle instrument at acceptance 0.5/0.7/0.9 (4 drafts, fixed length): real
-#            verify passes with synthetic verdicts, the speed of a drafter of that acceptance.
+#            verify passes with synthetic verdicts, the speed of a drafter of that acceptance;
+#   mtp    — the MTP drafter on Moonlight's shape with one MTP layer added to the config
+#            ($MOON_MTP, weights synthesized like the rest): random weights accept ~nothing, so
+#            with a fixed draft length (1 and 2) this prices MTP drafting + verification, the
+#            cost a real checkpoint's acceptance has to pay back.
 # Every bench: --input-len $IN (1024) --output-len $OUTLEN (256) --concurrency $CONC (1,8,32),
 # one wave per slot (at least 4 requests), greedy. Logs and JSON go to $OUT; on the device
 # machine run `OUT=/tmp/spec PACK_TO=$OUT bash scripts/gpu/spec_bench.sh` (see the end).
@@ -17,6 +21,11 @@ STEPS=${STEPS:-equal off ngram oracle}
 IN=${IN:-1024}; OUTLEN=${OUTLEN:-256}; CONC=${CONC:-1,8,32}
 export WEFT_DEMO_MODEL=$PWD/models/demo
 MOON=models/dummy/moonlight-16b-a3b
+# Moonlight's shape with one MTP layer (Moonlight ships none); same main weights (by name).
+MOON_MTP=${MOON_MTP:-/tmp/moonlight-mtp}
+mkdir -p "$MOON_MTP" && python3 -c "
+import json, sys; c = json.load(open('$MOON/config.json')); c['num_nextn_predict_layers'] = 1
+json.dump(c, open('$MOON_MTP/config.json', 'w'), indent=1)"
 
 start() { # port log model-args... ; sets PID
     local port=$1 log=$2; shift 2
@@ -36,10 +45,11 @@ bench() { # port name extra-bench-args...
 if [[ " $STEPS " == *" equal "* ]]; then
 echo "== greedy with and without speculation (CUDA)"
 for model in demo moon; do
-    args=(); [ $model = moon ] && args=(--model $MOON --load-format dummy)
-    modes="off ngram"; [ $model = demo ] && modes="off ngram draft"
+    args=(); [ $model = moon ] && args=(--model $MOON_MTP --load-format dummy)
+    modes="off ngram mtp"; [ $model = demo ] && modes="off ngram draft"
     for mode in $modes; do
         sargs=(); [ $mode = ngram ] && sargs=(--speculative ngram --num-draft-tokens 4)
+        [ $mode = mtp ] && sargs=(--speculative mtp --num-draft-tokens 2 --fixed-draft-length)
         [ $mode = draft ] && sargs=(--speculative draft-model --draft-model models/demo-draft --num-draft-tokens 4)
         start 8020 "$OUT/equal-$model-$mode.log" "${args[@]}" "${sargs[@]}" || continue
         python3 - "$model" "$mode" "$OUT" <<'EOF'
@@ -66,7 +76,7 @@ import json, sys
 model, out = sys.argv[1:]
 import os
 a = json.load(open(f"{out}/equal-{model}-off.json"))
-for m in ("ngram", "draft"):
+for m in ("ngram", "draft", "mtp"):
     if not os.path.exists(f"{out}/equal-{model}-{m}.json"):
         continue
     b = json.load(open(f"{out}/equal-{model}-{m}.json"))
@@ -99,6 +109,15 @@ for a in 0.5 0.7 0.9; do
     start 8023 "$OUT/serve-oracle-$a.log" --model $MOON --load-format dummy --speculative oracle --oracle-acceptance "$a" --num-draft-tokens 4 --fixed-draft-length && {
         bench 8023 "oracle-$a"
         stop; } 2>&1 | tee "$OUT/spec-oracle-$a.md"
+done
+fi
+
+if [[ " $STEPS " == *" mtp "* ]]; then
+for k in 1 2; do
+    echo "== Moonlight dummy + 1 MTP layer, MTP drafter, $k draft(s) per step, fixed length"
+    start 8024 "$OUT/serve-mtp-$k.log" --model $MOON_MTP --load-format dummy --speculative mtp --num-draft-tokens $k --fixed-draft-length && {
+        bench 8024 "mtp-$k"
+        stop; } 2>&1 | tee "$OUT/spec-mtp-$k.md"
 done
 fi
 

@@ -73,7 +73,8 @@ pub struct ServeArgs {
     #[arg(long, default_value = "safetensors")]
     load_format: String,
     /// Speculative decoding drafter: `ngram` (prompt lookup), `draft-model` (--draft-model DIR, a
-    /// small model with the same vocabulary), or `oracle` (a benchmark
+    /// small model with the same vocabulary), `mtp` (the checkpoint's multi-token-prediction
+    /// module, DeepSeek-V3's `num_nextn_predict_layers`), or `oracle` (a benchmark
     /// instrument: each draft accepted with probability --oracle-acceptance at the real cost of
     /// verification; its text is not the model's output). Off when not given.
     #[arg(long)]
@@ -141,11 +142,12 @@ fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String, second: impl FnOnc
                 max_batch: a.speculative_disable_batch,
             })
         }
-        Some("draft-model") => {
+        Some(name @ ("draft-model" | "mtp")) => {
             if a.num_draft_tokens == 0 || a.num_draft_tokens > 64 {
                 bail!("--num-draft-tokens must be in 1..=64");
             }
-            Some(SpecConfig { drafter: DrafterKind::Model, num_draft_tokens: a.num_draft_tokens, adaptive: !a.fixed_draft_length, max_batch: a.speculative_disable_batch })
+            let drafter = if name == "mtp" { DrafterKind::Mtp } else { DrafterKind::Model };
+            Some(SpecConfig { drafter, num_draft_tokens: a.num_draft_tokens, adaptive: !a.fixed_draft_length, max_batch: a.speculative_disable_batch })
         }
         Some("oracle") => {
             if !(0.0..=1.0).contains(&a.oracle_acceptance) || a.num_draft_tokens == 0 || a.num_draft_tokens > 64 {
@@ -158,7 +160,7 @@ fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String, second: impl FnOnc
                 max_batch: a.speculative_disable_batch,
             })
         }
-        Some(other) => bail!("--speculative {other:?}: the drafters are `ngram`, `draft-model` and `oracle` (a benchmark instrument), or `off`"),
+        Some(other) => bail!("--speculative {other:?}: the drafters are `ngram`, `draft-model`, `mtp` and `oracle` (a benchmark instrument), or `off`"),
     };
     let draft = match (&spec, &a.draft_model) {
         (Some(SpecConfig { drafter: DrafterKind::Model, .. }), Some(d)) => {

@@ -71,19 +71,7 @@ impl<B: Backend> DraftModel<B> {
     /// pool is short.
     fn reserve(&mut self, id: u64, positions: usize) -> bool {
         let s = self.seqs.entry(id).or_insert(DraftSeq { pages: vec![], computed: 0 });
-        let need = positions.div_ceil(self.page_size).saturating_sub(s.pages.len());
-        let mut got = vec![];
-        while got.len() < need {
-            match self.pool.alloc() {
-                Some(p) => got.push(p),
-                None => {
-                    self.pool.release_all(&got);
-                    return false;
-                }
-            }
-        }
-        s.pages.extend(got);
-        true
+        self.pool.grow(&mut s.pages, positions)
     }
 
     /// One forward pass over `feeds` (sequence id, first position, tokens) and the draft

@@ -11,6 +11,7 @@ use crate::detok::{Detokenizer, StopMatcher};
 use crate::draft_model::{DraftModel, DraftRequest};
 use crate::frontend;
 use crate::kv_pool::PagePool;
+use crate::mtp::{LastHidden, MtpDrafter, MtpRequest};
 use crate::request::{ErrorKind, Event, GenerationRequest};
 use crate::spec::{self, SpecConfig, SpecState};
 use crate::step_logits::StepLogits;
@@ -158,6 +159,11 @@ impl Engine {
             Some(d) => Some(DraftModel::new(d, cfg.num_pages, cfg.page_size).map_err(PluginError::Host)?),
             None => None,
         };
+        // The MTP module's cache: one layer, as many pages as the target's.
+        let mtp = match cfg.spec {
+            Some(SpecConfig { drafter: spec::DrafterKind::Mtp, .. }) => Some(MtpDrafter::new(&model.model, cfg.num_pages, cfg.page_size).map_err(PluginError::Host)?),
+            _ => None,
+        };
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(Mutex::new(EngineStats { total_pages: cfg.num_pages, free_pages: cfg.num_pages, spec_drafter: cfg.spec.as_ref().map_or("", |c| c.drafter.name()), ..Default::default() }));
         let vocab = model.model.cfg.vocab_size;
@@ -168,7 +174,7 @@ impl Engine {
         let (s2, r2) = (stats.clone(), registry.clone());
         let handle = std::thread::Builder::new()
             .name("weft-step-loop".into())
-            .spawn(move || StepLoop::new(model, kv, draft, r2, cfg, s2).run(rx))
+            .spawn(move || StepLoop::new(model, kv, Drafters { model: draft, mtp }, r2, cfg, s2).run(rx))
             .map_err(|e| PluginError::Host(format!("step loop thread: {e}")))?;
         Ok(Engine { tx, stats, next_id: AtomicU64::new(1), registry, vocab, max_context, eos, speculative, start, handle: Mutex::new(Some(handle)) })
     }
@@ -276,6 +282,15 @@ struct StepLoop<B: Backend> {
     counters: EngineStats,
     eos: Vec<u32>,
     draft_model: Option<DraftModel<B>>,
+    mtp: Option<MtpDrafter<B>>,
+    /// The last forward pass's hidden states (kept for the MTP drafter only).
+    last_hidden: Option<LastHidden<B>>,
+}
+
+/// The drafters that own state of their own (caches), given to the step loop.
+struct Drafters<B: Backend> {
+    model: Option<DraftModel<B>>,
+    mtp: Option<MtpDrafter<B>>,
 }
 
 struct Work {
@@ -285,9 +300,11 @@ struct Work {
 }
 
 impl<B: Backend> StepLoop<B> {
-    fn new(lm: LoadedModel<B>, kv: B::KvPool, draft_model: Option<DraftModel<B>>, registry: Arc<Registry>, cfg: EngineConfig, stats: Arc<Mutex<EngineStats>>) -> Self {
+    fn new(lm: LoadedModel<B>, kv: B::KvPool, drafters: Drafters<B>, registry: Arc<Registry>, cfg: EngineConfig, stats: Arc<Mutex<EngineStats>>) -> Self {
         let eos = lm.eos_ids();
-        StepLoop { pool: PagePool::new(cfg.num_pages, cfg.page_size), lm, registry, cfg, kv, waiting: VecDeque::new(), running: vec![], stats, counters: EngineStats::default(), eos, draft_model }
+        let pool = PagePool::new(cfg.num_pages, cfg.page_size);
+        let (draft_model, mtp) = (drafters.model, drafters.mtp);
+        StepLoop { pool, lm, registry, cfg, kv, waiting: VecDeque::new(), running: vec![], stats, counters: EngineStats::default(), eos, draft_model, mtp, last_hidden: None }
     }
 
     fn run(mut self, rx: mpsc::Receiver<Command>) {
@@ -325,7 +342,7 @@ impl<B: Backend> StepLoop<B> {
             prefix_hit_tokens: self.pool.prefix_hit_tokens,
             prefix_query_tokens: self.pool.prefix_query_tokens,
             spec_drafter: self.cfg.spec.as_ref().map_or("", |c| c.drafter.name()),
-            draft_pages_held: self.draft_model.as_ref().map_or(0, |d| d.pages_held()),
+            draft_pages_held: self.draft_model.as_ref().map_or(0, |d| d.pages_held()) + self.mtp.as_ref().map_or(0, |d| d.pages_held()),
             steps_recorded: rec.recorded,
             steps_replayed: rec.replayed,
             steps_record_failed: rec.failed,
@@ -333,10 +350,13 @@ impl<B: Backend> StepLoop<B> {
         };
     }
 
-    /// The draft model's copy of a sequence goes wherever the engine frees the sequence's pages.
+    /// A drafter's copy of a sequence goes wherever the engine frees the sequence's pages.
     fn forget_draft(&mut self, id: u64) {
         if let Some(dm) = &mut self.draft_model {
             dm.forget(id);
+        }
+        if let Some(m) = &mut self.mtp {
+            m.forget(id);
         }
     }
 
@@ -476,10 +496,14 @@ impl<B: Backend> StepLoop<B> {
         let max_ctx = self.lm.model.cfg.max_position_embeddings;
         let decoding = self.running.iter().filter(|s| s.tokens.len() - s.computed == 1).count();
         let too_busy = cfg.max_batch > 0 && decoding > cfg.max_batch;
-        let mut wanted: Vec<(usize, usize)> = vec![]; // (running index, k) for the draft model
+        let mut wanted: Vec<(usize, usize)> = vec![]; // (running index, k) for the draft model or MTP
+        let mtp = cfg.drafter == spec::DrafterKind::Mtp;
         for (i, s) in self.running.iter_mut().enumerate() {
             s.spec.drafts.clear();
             if too_busy || !s.speculates || s.tokens.len() - s.computed > self.cfg.token_budget {
+                if mtp && s.speculates {
+                    wanted.push((i, 0)); // the MTP cache still catches up on the last step
+                }
                 continue;
             }
             let room = (s.req.max_tokens.saturating_sub(s.generated() + 1)).min(max_ctx.saturating_sub(s.tokens.len() + 1));
@@ -493,7 +517,19 @@ impl<B: Backend> StepLoop<B> {
                     }
                     vec![]
                 }
+                spec::DrafterKind::Mtp => {
+                    wanted.push((i, k));
+                    vec![]
+                }
             };
+        }
+        if let Some(m) = &mut self.mtp {
+            let reqs: Vec<MtpRequest> = wanted.iter().map(|&(i, k)| MtpRequest { id: self.running[i].id, tokens: &self.running[i].tokens, k }).collect();
+            let drafts = m.draft(&self.lm.model, self.last_hidden.as_ref(), &reqs);
+            for (&(i, _), d) in wanted.iter().zip(drafts) {
+                self.running[i].spec.drafts = d;
+            }
+            return;
         }
         if let Some(dm) = &mut self.draft_model {
             let reqs: Vec<DraftRequest> = wanted.iter().map(|&(i, k)| DraftRequest { id: self.running[i].id, tokens: &self.running[i].tokens, k }).collect();
@@ -572,6 +608,7 @@ impl<B: Backend> StepLoop<B> {
     }
 
     fn forward_and_sample(&mut self, work: &[Work]) -> Result<(), String> {
+        self.last_hidden = None;
         let ps = self.cfg.page_size;
         let total: usize = work.iter().map(|w| w.n).sum();
         let (mut tokens, mut positions, mut slots) = (Vec::with_capacity(total), Vec::with_capacity(total), Vec::with_capacity(total));
@@ -613,6 +650,17 @@ impl<B: Backend> StepLoop<B> {
             let h = model.backend.gather_rows(&hidden, model.cfg.hidden_size, &rows).map_err(|e| e.to_string())?;
             Some(model.logits(&h).map_err(|e| e.to_string())?)
         };
+        self.last_hidden = self.mtp.is_some().then(|| {
+            let mut row = 0;
+            let spans = work
+                .iter()
+                .map(|w| {
+                    row += w.n;
+                    (self.running[w.seq].id, (w.start, row - w.n, w.n))
+                })
+                .collect();
+            LastHidden { buf: hidden, spans }
+        });
         drop(attn);
         for w in work {
             self.running[w.seq].computed = w.start + w.n;

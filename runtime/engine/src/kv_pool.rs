@@ -93,6 +93,24 @@ impl PagePool {
     }
 
     /// Drops one reference; an unreferenced page stays cached (if published) or is freed.
+    /// Grows `pages` to cover `positions` token positions; all or nothing (false, `pages`
+    /// unchanged, when the pool runs short).
+    pub fn grow(&mut self, pages: &mut Vec<u32>, positions: usize) -> bool {
+        let need = positions.div_ceil(self.page_size).saturating_sub(pages.len());
+        let mut got = Vec::with_capacity(need);
+        while got.len() < need {
+            match self.alloc() {
+                Some(p) => got.push(p),
+                None => {
+                    self.release_all(&got);
+                    return false;
+                }
+            }
+        }
+        pages.extend(got);
+        true
+    }
+
     pub fn release(&mut self, p: u32) {
         let m = &mut self.meta[p as usize];
         assert!(m.refs > 0, "page {p} released more often than retained");
@@ -194,5 +212,20 @@ mod tests {
         assert_eq!(pool.cached_pages(), 1, "p0 (released first) was evicted");
         let (pages, _) = pool.lookup_prefix(&[1, 2, 3, 4], 8);
         assert!(pages.is_empty(), "the chain starts with the evicted page");
+    }
+
+    /// `grow` covers the positions asked for and takes nothing when the pool cannot.
+    #[test]
+    fn grow_is_all_or_nothing() {
+        let mut pool = PagePool::new(4, 16);
+        let mut pages = vec![];
+        assert!(pool.grow(&mut pages, 17));
+        assert_eq!(pages.len(), 2);
+        assert!(pool.grow(&mut pages, 32), "already covered");
+        assert_eq!(pages.len(), 2);
+        assert!(!pool.grow(&mut pages, 16 * 5), "needs 3 more, 2 free");
+        assert_eq!((pages.len(), pool.free_pages()), (2, 2));
+        assert!(pool.grow(&mut pages, 64));
+        assert_eq!((pages.len(), pool.free_pages()), (4, 0));
     }
 }

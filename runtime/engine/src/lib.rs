@@ -8,6 +8,7 @@ pub mod draft_model;
 pub mod engine;
 pub mod frontend;
 pub mod kv_pool;
+pub mod mtp;
 pub mod request;
 pub mod spec;
 pub mod step_logits;

@@ -1,5 +1,5 @@
 //! Speculative decoding: which sequences draft, the drafters (the draft model's own cache
-//! lives in `draft_model`), and the per-sequence bookkeeping
+//! lives in `draft_model`, the MTP module's in `mtp`), and the per-sequence bookkeeping
 //! of a verify step. The engine appends a sequence's drafts to its decode token so the target
 //! scores `[last, d1..dk]` in the same forward pass as everything else; the verifier plugin
 //! (lossless default: greedy prefix match, or chain rejection sampling on complete
@@ -36,6 +36,9 @@ pub enum DrafterKind {
     /// A small model of the same family drafts greedily (`crate::draft_model`); the engine is
     /// started with it (`Engine::start_with_draft`).
     Model,
+    /// The checkpoint's multi-token-prediction module drafts greedily from the target's hidden
+    /// states (`crate::mtp`).
+    Mtp,
 }
 
 impl DrafterKind {
@@ -44,6 +47,7 @@ impl DrafterKind {
             DrafterKind::Ngram { .. } => "ngram",
             DrafterKind::Oracle { .. } => "oracle",
             DrafterKind::Model => "draft-model",
+            DrafterKind::Mtp => "mtp",
         }
     }
 }
