@@ -113,12 +113,16 @@ done
 fi
 
 if [[ " $STEPS " == *" mtp "* ]]; then
-for k in 1 2; do
+for k in ${MTP_K:-1 2}; do
     echo "== Moonlight dummy + 1 MTP layer, MTP drafter, $k draft(s) per step, fixed length"
     start 8024 "$OUT/serve-mtp-$k.log" --model $MOON_MTP --load-format dummy --speculative mtp --num-draft-tokens $k --fixed-draft-length && {
         bench 8024 "mtp-$k"
         stop; } 2>&1 | tee "$OUT/spec-mtp-$k.md"
 done
+echo "== Moonlight dummy + 1 MTP layer, MTP drafter, adaptive (up to 2 drafts)"
+start 8024 "$OUT/serve-mtp-adaptive.log" --model $MOON_MTP --load-format dummy --speculative mtp --num-draft-tokens 2 && {
+    bench 8024 "mtp-adaptive"
+    stop; } 2>&1 | tee "$OUT/spec-mtp-adaptive.md"
 fi
 
 # The device machine returns at most 8 files from its $OUT: with PACK_TO set (run with OUT
