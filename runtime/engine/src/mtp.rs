@@ -6,7 +6,8 @@
 //! state h_p and the token at p+1; its output there predicts the token at p+2. After every
 //! target step the engine keeps that step's hidden states ([`LastHidden`]); at the next
 //! drafting point each speculating sequence catches the module up on every position whose
-//! next token is now known (prefill chunks included, so nothing has to be recomputed later).
+//! next token is now known (prefill chunks included, so nothing has to be recomputed later;
+//! positions a prefix-cache hit spared the target get entries from their embeddings alone).
 //! The output at the last such position gives the first draft; further drafts feed the
 //! module its own output and the draft it just made (one module reused, as vLLM and SGLang do
 //! when drafting past the checkpoint's module count). Those chained cache entries are
@@ -95,6 +96,7 @@ impl<B: Backend> MtpDrafter<B> {
     /// (and the affected sequences' cache, which is then rebuilt only after a preemption).
     pub fn draft(&mut self, model: &DeepseekV3<B>, last: Option<&LastHidden<B>>, reqs: &[MtpRequest]) -> Vec<Vec<u32>> {
         let mut out: Vec<Vec<u32>> = vec![vec![]; reqs.len()];
+        self.fill_holes(model, last, reqs);
         let (mut feeds, mut hidden_rows) = (vec![], vec![]);
         for (i, r) in reqs.iter().enumerate() {
             let len = r.tokens.len();
@@ -105,7 +107,7 @@ impl<B: Backend> MtpDrafter<B> {
             s.computed = s.computed.min(len - 1);
             let (from, to) = (s.computed, (p0 + n).min(len - 1));
             if from < p0 || from >= to {
-                continue; // a gap (cannot be filled: those hidden states are gone) or nothing new
+                continue; // a hole `fill_holes` could not fill, or nothing new
             }
             let drafting = r.k > 0 && to == len - 1;
             if !self.reserve(r.id, if drafting { len + r.k } else { to }) {
@@ -123,6 +125,39 @@ impl<B: Backend> MtpDrafter<B> {
             }
         }
         out
+    }
+
+    /// Positions before the last step's rows that the module never saw — the target skipped them
+    /// (a prefix-cache hit), so their hidden states never existed — get entries from the token
+    /// embedding alone (previous hidden state zero). Such approximate entries can cost draft
+    /// quality, never correctness: verification decides what is kept.
+    fn fill_holes(&mut self, model: &DeepseekV3<B>, last: Option<&LastHidden<B>>, reqs: &[MtpRequest]) {
+        let Some(last) = last else { return };
+        let mut holes = vec![];
+        for (i, r) in reqs.iter().enumerate() {
+            let len = r.tokens.len();
+            let Some(&(p0, _, _)) = last.spans.get(&r.id) else { continue };
+            let s = self.seqs.entry(r.id).or_insert(MtpSeq { pages: vec![], computed: 0 });
+            s.computed = s.computed.min(len.saturating_sub(1));
+            let from = s.computed;
+            if from < p0 && p0 < len && self.reserve(r.id, p0) {
+                holes.push(Feed { req: i, id: r.id, start: from, tokens: r.tokens[from + 1..p0 + 1].to_vec(), drafting: false });
+            }
+        }
+        if holes.is_empty() {
+            return;
+        }
+        let rows: usize = holes.iter().map(|f| f.tokens.len()).sum();
+        let done = model.backend.upload(&vec![0.0; rows * model.cfg.hidden_size]).map_err(|e| e.to_string()).and_then(|zero| self.pass(model, &holes, &zero));
+        for f in &holes {
+            match &done {
+                Ok(_) => self.seqs.get_mut(&f.id).unwrap().computed = f.start + f.tokens.len(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "MTP cache fill failed; the sequence drafts no more");
+                    self.forget(f.id);
+                }
+            }
+        }
     }
 
     /// The catch-up pass (previous hidden states: rows `hidden_rows` of the target's), then one

@@ -3,8 +3,8 @@
 //! runtime/model/tests/golden_mtp.rs): greedy output with MTP drafts is token-for-token the
 //! output without them — whole prefills, prefills in chunks (the module catches up chunk by
 //! chunk), a tiny pool that forces preemption (the module's cache is rebuilt), fixed and adaptive
-//! draft lengths, several sequences per step — with drafts made, and every page of both caches
-//! back when the engine is idle. A checkpoint without the module is refused at start.
+//! draft lengths, several sequences per step, a prompt that starts from another's cached pages —
+//! with drafts made, and every page of both caches back when the engine is idle. A checkpoint without the module is refused at start.
 
 mod common;
 use common::{collect, wait_idle};
@@ -89,6 +89,52 @@ fn greedy_mtp_speculation_is_token_for_token_plain_greedy() {
             stats.steps
         );
     }
+}
+
+/// A request whose prompt shares 300 tokens with a finished one starts from cached pages: the
+/// target never computes those positions, and the module fills them from embeddings alone, then
+/// drafts — output still plain greedy.
+#[test]
+fn mtp_drafts_after_a_prefix_cache_hit() {
+    let reference: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture().join("reference.json")).unwrap()).unwrap();
+    let long: Vec<u32> = reference["cases"][4]["prompt_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    assert!(long.len() > 300);
+    let second: Vec<u32> = long[..300].iter().copied().chain([7, 8, 9]).collect();
+    let one_by_one = |spec: Option<SpecConfig>| {
+        let registry = Arc::new(Registry::with_defaults(SandboxLimits::default()).unwrap());
+        let cfg = EngineConfig { num_pages: 64, page_size: 16, token_budget: 512, max_sequences: 8, spec };
+        let engine = Engine::start(LoadedModel::open(&fixture(), CpuBackend::new()).unwrap(), registry, cfg).unwrap();
+        let greedy = SamplingParams { temperature: 0.0, ..weft_plugin_host::neutral_params(0) };
+        let mut outs = vec![];
+        let mut drafted = vec![];
+        for p in [&long, &second] {
+            let r = GenerationRequest {
+                prompt: p.clone(),
+                params: greedy.clone(),
+                max_tokens: 24,
+                stop_token_ids: vec![],
+                stop: vec![],
+                ignore_eos: true,
+                seed: 0,
+                sampler: None,
+                logprobs: None,
+                priority: 0,
+                tenant: "t".into(),
+                speculative: true,
+            };
+            outs.push(collect(&mut engine.submit(r).unwrap().1).0);
+            wait_idle(&engine);
+            drafted.push(engine.stats().spec_drafted);
+        }
+        (outs, drafted, engine.stats())
+    };
+    let (want, _, plain) = one_by_one(None);
+    assert!(plain.prefix_hit_tokens >= 288, "the second prompt reuses the first one's pages: {plain:?}");
+    let (got, drafted, stats) = one_by_one(mtp(2, false));
+    assert_eq!(got, want, "MTP speculation after a prefix hit differs from plain greedy");
+    assert!(stats.prefix_hit_tokens >= 288, "{stats:?}");
+    assert!(drafted[1] > drafted[0], "no MTP drafts for the request that started from cached pages: {drafted:?}");
+    assert_eq!(stats.draft_pages_held, 0);
 }
 
 #[test]
