@@ -2,7 +2,8 @@
 # On the GPU machine (binaries from scripts/gpu/build_device.sh in .device/): speculative
 # decoding on CUDA. STEPS (default "equal off ngram oracle"):
 #   equal  — greedy output with and without speculation (prompt lookup; on the demo model also
-#            its draft model), demo model and Moonlight dummy, compared
+#            its draft model, on Moonlight + MTP layer the MTP drafter), demo model and Moonlight
+#            dummy (EQUAL_MODELS="demo moon kimi" adds the fp8 Kimi-K2 slice), compared
 #            token for token over the HTTP API (the CPU tests check the same on the CPU backend);
 #   off    — Moonlight-shaped dummy (bf16), no speculation, random and repeated-block prompts;
 #   ngram  — the same with prompt lookup (--speculative ngram, adaptive, 4 drafts);
@@ -44,9 +45,10 @@ bench() { # port name extra-bench-args...
 
 if [[ " $STEPS " == *" equal "* ]]; then
 echo "== greedy with and without speculation (CUDA)"
-for model in demo moon; do
+for model in ${EQUAL_MODELS:-demo moon}; do
     args=(); [ $model = moon ] && args=(--model $MOON_MTP --load-format dummy)
-    modes="off ngram mtp"; [ $model = demo ] && modes="off ngram draft"
+    [ $model = kimi ] && args=(--model models/dummy/kimi-k2-slice --load-format dummy)
+    modes="off ngram mtp"; [ $model = demo ] && modes="off ngram draft"; [ $model = kimi ] && modes="off ngram"
     for mode in $modes; do
         sargs=(); [ $mode = ngram ] && sargs=(--speculative ngram --num-draft-tokens 4)
         [ $mode = mtp ] && sargs=(--speculative mtp --num-draft-tokens 2 --fixed-draft-length)
@@ -57,7 +59,7 @@ import json, sys, urllib.request, random
 model, mode, out = sys.argv[1:]
 rng = random.Random(7)
 prompts = ["one two three one two three one two", "Love is", "The quick brown fox jumps over the lazy dog. The quick brown fox", "Q: What is the meaning of life?\nA:"]
-if model == "moon":
+if model in ("moon", "kimi"):
     block = [rng.randrange(100, 160000) for _ in range(16)]
     prompts = [block * 4, [rng.randrange(100, 160000) for _ in range(64)], block * 2 + [5, 6, 7]]
 res = []
