@@ -10,7 +10,7 @@ use weft_backend::Backend;
 use weft_model::generate::{generate, GenerateRequest};
 use weft_model::sampling::SamplingParams;
 use weft_model::tokenizer::ChatMessage;
-use weft_model::LoadedModel;
+use weft_model::{LoadOptions, LoadedModel};
 
 #[derive(Args)]
 pub struct GenerateArgs {
@@ -88,8 +88,8 @@ fn run_on<B: Backend>(a: GenerateArgs, backend: B) -> Result<()> {
     let dir = a.model.clone().unwrap_or_else(crate::default_model_dir);
     let t0 = std::time::Instant::now();
     let lm = match a.load_format.as_str() {
-        "safetensors" | "auto" => LoadedModel::open(&dir, backend),
-        "dummy" => LoadedModel::open_dummy(&dir, backend, &crate::default_model_dir()),
+        "safetensors" | "auto" => LoadedModel::open_with(&dir, backend, LoadOptions { mtp: false }),
+        "dummy" => LoadedModel::open_dummy_with(&dir, backend, &crate::default_model_dir(), LoadOptions { mtp: false }),
         other => bail!("--load-format {other}: expected safetensors or dummy"),
     }
     .with_context(|| format!("loading model from {}", dir.display()))?;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use weft_backend::Backend;
 use weft_engine::{DrafterKind, Engine, EngineConfig, SpecConfig};
 use weft_model::tokenizer::TextTokenizer;
-use weft_model::LoadedModel;
+use weft_model::{LoadOptions, LoadedModel};
 use weft_plugin_host::{Registry, SandboxLimits};
 use weft_server::{AppState, ServerConfig};
 
@@ -120,9 +120,11 @@ fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String, second: impl FnOnc
     }
     let dir = a.model.clone().unwrap_or_else(crate::default_model_dir);
     let name = a.served_model_name.clone().unwrap_or_else(|| std::fs::canonicalize(&dir).ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())).unwrap_or_else(|| "weft".into()));
+    // The checkpoint's MTP layers take memory only when they draft.
+    let opts = LoadOptions { mtp: a.speculative.as_deref() == Some("mtp") };
     let lm = match a.load_format.as_str() {
-        "safetensors" | "auto" => LoadedModel::open(&dir, backend),
-        "dummy" => LoadedModel::open_dummy(&dir, backend, &crate::default_model_dir()),
+        "safetensors" | "auto" => LoadedModel::open_with(&dir, backend, opts),
+        "dummy" => LoadedModel::open_dummy_with(&dir, backend, &crate::default_model_dir(), opts),
         other => bail!("--load-format {other}: expected safetensors or dummy"),
     }
     .with_context(|| format!("loading model from {}", dir.display()))?;

@@ -112,11 +112,9 @@ fn sampled_speculation_keeps_the_target_distribution() {
     let mut r = request(prompt.clone(), 1, temp.clone(), 0);
     r.logprobs = Some(vocab);
     let (_, mut rx) = engine.submit(r).unwrap();
-    let all: Vec<(u32, f64)> = loop {
-        match rx.blocking_recv().expect("an event") {
-            Event::Token { top_logprobs, .. } => break top_logprobs.expect("log-probabilities"),
-            e => panic!("{e:?}"),
-        }
+    let all: Vec<(u32, f64)> = match rx.blocking_recv().expect("an event") {
+        Event::Token { top_logprobs, .. } => top_logprobs.expect("log-probabilities"),
+        e => panic!("{e:?}"),
     };
     drop(engine);
     // A logit bias (a front-end edit, so part of the target) gives the draft probability ~0.4:

@@ -43,8 +43,27 @@ pub struct LoadedModel<B: Backend> {
     pub defaults: tokenizer::GenerationDefaults,
 }
 
+/// What to load beyond the forward pass.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadOptions {
+    /// The checkpoint's multi-token-prediction layers (for the MTP drafter).
+    pub mtp: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { mtp: true }
+    }
+}
+
 impl<B: Backend> LoadedModel<B> {
+    /// Everything in the checkpoint ([`LoadOptions::default`]).
     pub fn open(dir: &Path, backend: B) -> Result<Self, ModelError> {
+        Self::open_with(dir, backend, LoadOptions::default())
+    }
+
+    /// [`Self::open`], loading what `opts` asks for.
+    pub fn open_with(dir: &Path, backend: B, opts: LoadOptions) -> Result<Self, ModelError> {
         if !dir.is_dir() {
             return Err(ModelError::NoDir(dir.display().to_string()));
         }
@@ -52,7 +71,7 @@ impl<B: Backend> LoadedModel<B> {
         let tokenizer = tokenizer::TextTokenizer::from_dir(dir)?;
         let defaults = tokenizer::GenerationDefaults::from_dir(dir)?;
         let ck = checkpoint::Checkpoint::open(dir, cfg.fp8_block)?;
-        let weights = weights::ModelWeights::load(&ck, &cfg, &backend)?;
+        let weights = weights::ModelWeights::load_with(&ck, &cfg, &backend, opts.mtp)?;
         Ok(LoadedModel { dir: dir.to_path_buf(), model: DeepseekV3::new(cfg, weights, backend), tokenizer, defaults })
     }
 
@@ -60,6 +79,11 @@ impl<B: Backend> LoadedModel<B> {
     /// [`checkpoint::Checkpoint::dummy`]); the tokenizer from `dir` when it has one, else from
     /// `tokenizer_dir` (ids beyond that tokenizer decode to nothing).
     pub fn open_dummy(dir: &Path, backend: B, tokenizer_dir: &Path) -> Result<Self, ModelError> {
+        Self::open_dummy_with(dir, backend, tokenizer_dir, LoadOptions::default())
+    }
+
+    /// [`Self::open_dummy`], synthesizing what `opts` asks for.
+    pub fn open_dummy_with(dir: &Path, backend: B, tokenizer_dir: &Path, opts: LoadOptions) -> Result<Self, ModelError> {
         if !dir.is_dir() {
             return Err(ModelError::NoDir(dir.display().to_string()));
         }
@@ -68,7 +92,7 @@ impl<B: Backend> LoadedModel<B> {
         let tokenizer = tokenizer::TextTokenizer::from_dir(tdir)?;
         let defaults = tokenizer::GenerationDefaults::from_dir(dir)?;
         let ck = checkpoint::Checkpoint::dummy(0x5eed, cfg.fp8_block);
-        let weights = weights::ModelWeights::load(&ck, &cfg, &backend)?;
+        let weights = weights::ModelWeights::load_with(&ck, &cfg, &backend, opts.mtp)?;
         Ok(LoadedModel { dir: dir.to_path_buf(), model: DeepseekV3::new(cfg, weights, backend), tokenizer, defaults })
     }
 

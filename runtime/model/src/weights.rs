@@ -234,7 +234,14 @@ fn split_cols(name: &str, m: &HostMatrix<'_>, at: usize) -> Result<(HostMatrix<'
 }
 
 impl<B: Backend> ModelWeights<B> {
+    /// Every weight the forward pass and the MTP drafter use.
     pub fn load(ck: &Checkpoint, cfg: &ModelConfig, be: &B) -> Result<Self> {
+        Self::load_with(ck, cfg, be, true)
+    }
+
+    /// As [`Self::load`]; `mtp` false leaves the checkpoint's MTP layers on disk (a serving
+    /// process that does not draft with them saves their memory: ~11 GB of fp8 on DeepSeek-V3).
+    pub fn load_with(ck: &Checkpoint, cfg: &ModelConfig, be: &B, mtp: bool) -> Result<Self> {
         let l = Loader { ck, be, cfg };
         let (v, h) = (cfg.vocab_size, cfg.hidden_size);
         let embed = l.mat("model.embed_tokens.weight", v, h)?;
@@ -244,8 +251,12 @@ impl<B: Backend> ModelWeights<B> {
             layers.push(l.layer(i)?);
         }
         let lm_head = if cfg.tie_word_embeddings && !ck.contains("lm_head.weight") { l.mat("model.embed_tokens.weight", v, h)? } else { l.mat("lm_head.weight", v, h)? };
+        let wanted = if mtp { cfg.num_nextn_predict_layers } else { 0 };
+        if !mtp && cfg.num_nextn_predict_layers > 0 {
+            tracing::info!("{} MTP layer(s) left unloaded (not drafting with them)", cfg.num_nextn_predict_layers);
+        }
         let mut mtp = Vec::new();
-        for k in 0..cfg.num_nextn_predict_layers {
+        for k in 0..wanted {
             let i = cfg.num_hidden_layers + k;
             let p = format!("model.layers.{i}");
             // A dummy checkpoint synthesizes the MTP layers its config declares.
