@@ -93,7 +93,7 @@ impl<B: Backend> MtpDrafter<B> {
 
     /// Catches every request up on `last` and drafts greedily: up to `k` tokens for each request
     /// whose module cache reaches its last token, none for the others. Errors cost the drafts
-    /// (and the affected sequences' cache, which is then rebuilt only after a preemption).
+    /// and the affected sequences' caches (refilled from embeddings by `fill_holes` next step).
     pub fn draft(&mut self, model: &DeepseekV3<B>, last: Option<&LastHidden<B>>, reqs: &[MtpRequest]) -> Vec<Vec<u32>> {
         let mut out: Vec<Vec<u32>> = vec![vec![]; reqs.len()];
         self.fill_holes(model, last, reqs);
@@ -153,7 +153,7 @@ impl<B: Backend> MtpDrafter<B> {
             match &done {
                 Ok(_) => self.seqs.get_mut(&f.id).unwrap().computed = f.start + f.tokens.len(),
                 Err(e) => {
-                    tracing::warn!(error = %e, "MTP cache fill failed; the sequence drafts no more");
+                    tracing::warn!(error = %e, "MTP cache fill failed; no drafts for the sequence until a fill succeeds");
                     self.forget(f.id);
                 }
             }
