@@ -21,7 +21,7 @@
 #define MMA_ROWS 16
 #define MMA_TOKENS 8
 
-#if !defined(__HIPCC_RTC__) && !defined(__HIP_DEVICE_COMPILE__)
+#if !defined(WEFT_NO_PTX)
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -35,8 +35,9 @@ __device__ __forceinline__ u32 bf16x2(float lo, float hi) {
 }
 #define WEFT_HAS_MMA 1
 #else
-// AMD: no mma.sync. The host never selects these kernels on a HIP device (the CUDA-core
-// kernels in moe.cu serve every batch there); the bodies only keep the sources compiling.
+// AMD (and the CPU emulator): no mma.sync. The host never selects these kernels on a HIP
+// device (the CUDA-core kernels serve every batch there); the bodies only keep the sources
+// compiling.
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], u32, u32, u32, u32, u32, u32) { __builtin_trap(); }
 __device__ __forceinline__ u32 bf16x2(float lo, float hi) { return (u32)f32_to_bf16(lo) | ((u32)f32_to_bf16(hi) << 16); }
 #endif

@@ -39,7 +39,7 @@ __device__ __forceinline__ u64 front_key(float v, u32 id) { return ((u64)front_o
 // Dynamic shared memory: FRONT_MAX_K u64 keys, FRONT_COPIES * 256 u32 bins, blockDim floats,
 // 4 u32 scalars.
 extern "C" __global__ void front_topk(const float* logits, const u32* ks, const float* scales, const u32* out_off, u32* out, u32 vocab) {
-    extern __shared__ float smem[];
+    WEFT_DYNAMIC_SHARED(float, smem);
     u64* keys = (u64*)smem;
     u32* hist = (u32*)(smem + 2 * FRONT_MAX_K);
     float* red = smem + 2 * FRONT_MAX_K + FRONT_COPIES * 256;

@@ -148,7 +148,7 @@ extern "C" __global__ void store_kv(float* layer, const float* kv_a, const float
 // softmax over chunks of BLOCK context tokens. Dynamic shared memory: latent + rd floats (q).
 // bt: concatenated block tables, bt_off[row] its start; ctx[row] the visible context.
 extern "C" __global__ void mla_attention(const float* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* out, u32 heads, u32 latent, u32 rd, u32 page, float scale) {
-    extern __shared__ float q[];
+    WEFT_DYNAMIC_SHARED(float, q);
     __shared__ float p[BLOCK];
     __shared__ float sh[BLOCK];
     u32 w = latent + rd;

@@ -44,9 +44,22 @@ __device__ __forceinline__ float block_max(float v, float* sh) {
     return r;
 }
 
+// No NVIDIA inline PTX: a HIP build, or the CPU emulator (kernels/emu, which defines WEFT_EMU).
+#if defined(__HIPCC_RTC__) || defined(__HIP_DEVICE_COMPILE__) || defined(WEFT_EMU)
+#define WEFT_NO_PTX 1
+#endif
+
+// Dynamic shared memory (the launch's byte count), declared as an array of T named `name`.
+#ifndef WEFT_DYNAMIC_SHARED
+#define WEFT_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+#endif
+
 // Sub-group ("warp" on NVIDIA, "wavefront" on AMD) width and butterfly sum. Code that splits
 // work across lanes uses WEFT_WARP, never a literal 32.
-#if defined(__HIPCC_RTC__) || defined(__HIP_DEVICE_COMPILE__)
+#if defined(WEFT_EMU)
+#define WEFT_WARP emu_warp
+__device__ __forceinline__ float lane_xor(float v, int o) { return emu_shfl_xor(v, o); }
+#elif defined(__HIPCC_RTC__) || defined(__HIP_DEVICE_COMPILE__)
 #define WEFT_WARP warpSize
 __device__ __forceinline__ float lane_xor(float v, int o) { return __shfl_xor(v, o); }
 #else
@@ -56,7 +69,9 @@ __device__ __forceinline__ float lane_xor(float v, int o) { return __shfl_xor_sy
 
 // A 16-byte load of data read once (streamed weights): past L1, so the activations every block
 // shares keep it.
-#if defined(__HIPCC_RTC__) || defined(__HIP_DEVICE_COMPILE__)
+#if defined(WEFT_EMU)
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) { return *p; }
+#elif defined(__HIPCC_RTC__) || defined(__HIP_DEVICE_COMPILE__)
 typedef unsigned int weft_u32x4 __attribute__((ext_vector_type(4)));
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     weft_u32x4 v = __builtin_nontemporal_load((const weft_u32x4*)p);

@@ -1,52 +1,153 @@
-// Runs weft's kernels on the CPU for tests on machines without a GPU: one std::thread per
-// thread of a block, a std::barrier for __syncthreads, blocks one after another, and the
-// block's shared memory filled with NaN before each block — so a kernel that reads shared
-// memory it did not write shows NaN here instead of passing by luck on a GPU. Sub-group
-// shuffles are not emulated: kernels using them (gemv.cu, moe.cu, the norms in weft.cu) are
-// tested on the GPU only.
+// Runs weft's kernels on the CPU for tests on machines without a GPU: the threads of a block
+// are fibers (ucontext) on one OS thread, switched only where they must wait for each other
+// (__syncthreads, sub-group shuffles); blocks run one after another, and the block's dynamic
+// shared memory is filled with NaN before each block — so a kernel that reads shared memory it
+// did not write shows NaN here instead of passing by luck on a GPU. Static `__shared__` arrays
+// become function statics (one per kernel, shared by the block's threads, since blocks run one
+// at a time). Sub-group shuffles exchange through a barrier per sub-group of `emu_warp` lanes
+// (64 by default: AMD's wavefront; 32 for NVIDIA's warp), so every lane of a sub-group must
+// reach them, as `__shfl_xor_sync` with a full mask requires on the GPU. A thread that has
+// returned counts as arrived at later barriers. The kernels see WEFT_EMU: no inline PTX
+// (mma.cu's tensor-core kernels are trap stubs here, as on HIP).
 #pragma once
 #include <algorithm>
-#include <barrier>
+#include <functional>
+#include <memory>
+#include <ucontext.h>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <thread>
 #include <vector>
 
+#define WEFT_EMU 1
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __shared__
+#define __shared__ static
+#define WEFT_DYNAMIC_SHARED(T, name) T* name = reinterpret_cast<T*>(emu_smem)
 struct emu_dim3 { unsigned x = 0, y = 0, z = 0; };
-thread_local emu_dim3 threadIdx;
-emu_dim3 blockIdx, blockDim, gridDim;
-static std::barrier<>* emu_barrier;
-inline void __syncthreads() { emu_barrier->arrive_and_wait(); }
+emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+// The fibers of the running block and the scheduler's context.
+struct EmuFiber {
+    ucontext_t ctx;
+    std::unique_ptr<char[]> stack;
+    bool done = false;
+};
+static constexpr size_t EMU_STACK = 256 << 10;
+static std::vector<EmuFiber> emu_fibers;
+static ucontext_t emu_main;
+static unsigned emu_cur;
+static const std::function<void()>* emu_body;
+
+// Back to the scheduler, which resumes the other fibers before this one again.
+inline void emu_yield() { swapcontext(&emu_fibers[emu_cur].ctx, &emu_main); }
+
+// A barrier among n fibers (a block, or a sub-group): waits until every one of them that has
+// not returned has arrived.
+struct EmuBarrier {
+    unsigned n = 0, arrived = 0, gen = 0, exited = 0;
+    void wait() {
+        unsigned g = gen;
+        arrived++;
+        while (gen == g) {
+            if (arrived + exited >= n) {
+                arrived = 0;
+                gen++;
+                break;
+            }
+            emu_yield();
+        }
+    }
+};
+static EmuBarrier emu_block_barrier;
+inline void __syncthreads() { emu_block_barrier.wait(); }
 inline float __uint_as_float(unsigned x) { float f; std::memcpy(&f, &x, 4); return f; }
 inline unsigned __float_as_uint(float x) { unsigned u; std::memcpy(&u, &x, 4); return u; }
 inline float __int_as_float(int x) { float f; std::memcpy(&f, &x, 4); return f; }
 inline float __fmul_rn(float a, float b) { return a * b; }
-inline float __shfl_xor_sync(unsigned, float, int) { std::fprintf(stderr, "emu: shuffles are not emulated\n"); std::abort(); }
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+inline float atomicAdd(float* p, float v) {
+    float old = *p, want;
+    do { want = old + v; } while (!__atomic_compare_exchange(p, &old, &want, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
+    return old;
+}
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    unsigned long long v = ((unsigned long long)y << 32) | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; i++) r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
+    return r;
+}
+inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 struct uint4 { unsigned x, y, z, w; };
 struct float4 { float x, y, z, w; };
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
 
-// Dynamic shared memory (`extern __shared__ float smem[]` in a kernel names this array).
-float smem[1 << 16];
+// Dynamic shared memory (WEFT_DYNAMIC_SHARED in a kernel points into this array): 256 KB.
+float emu_smem[1 << 16];
 
-template <class F> void emu_launch(unsigned gx, unsigned gy, unsigned threads, F kernel) {
-    gridDim = {gx, gy, 1};
-    blockDim = {threads, 1, 1};
-    for (unsigned by = 0; by < gy; by++)
-        for (unsigned bx = 0; bx < gx; bx++) {
-            blockIdx = {bx, by, 0};
-            std::fill(std::begin(smem), std::end(smem), NAN);
-            std::barrier<> bar(threads);
-            emu_barrier = &bar;
-            std::vector<std::thread> ts;
-            for (unsigned t = 0; t < threads; t++) ts.emplace_back([&, t] { threadIdx = {t, 0, 0}; kernel(); });
-            for (auto& t : ts) t.join();
-        }
+// Sub-group width and the shuffle exchange: each lane posts its value, the sub-group meets at
+// its barrier, each lane reads its partner's, and meets again before the slots are reused.
+unsigned emu_warp = 64;
+static std::vector<float> emu_lanes;
+static std::vector<EmuBarrier> emu_warp_barriers;
+inline float emu_shfl_xor(float v, int o) {
+    unsigned t = threadIdx.x, base = t / emu_warp * emu_warp, src = base + ((t - base) ^ (unsigned)o);
+    emu_lanes[t] = v;
+    emu_warp_barriers[t / emu_warp].wait();
+    float r = src < blockDim.x ? emu_lanes[src] : v;
+    emu_warp_barriers[t / emu_warp].wait();
+    return r;
 }
+
+static void emu_fiber_main() {
+    (*emu_body)();
+    emu_fibers[emu_cur].done = true;  // uc_link returns to the scheduler
+    emu_block_barrier.exited++;
+    emu_warp_barriers[emu_cur / emu_warp].exited++;
+}
+
+template <class F> void emu_launch(unsigned gx, unsigned gy, unsigned gz, unsigned threads, F kernel) {
+    gridDim = {gx, gy, gz};
+    blockDim = {threads, 1, 1};
+    const std::function<void()> body = kernel;
+    emu_body = &body;
+    if (emu_fibers.size() < threads) emu_fibers.resize(threads);
+    emu_lanes.assign(threads, 0.f);
+    emu_warp_barriers.assign((threads + emu_warp - 1) / emu_warp, EmuBarrier{});
+    for (unsigned bz = 0; bz < gz; bz++)
+        for (unsigned by = 0; by < gy; by++)
+            for (unsigned bx = 0; bx < gx; bx++) {
+                blockIdx = {bx, by, bz};
+                for (unsigned w = 0; w < emu_warp_barriers.size(); w++) emu_warp_barriers[w] = EmuBarrier{std::min(emu_warp, threads - w * emu_warp)};
+                emu_block_barrier = EmuBarrier{threads};
+                std::fill(std::begin(emu_smem), std::end(emu_smem), NAN);
+                for (unsigned t = 0; t < threads; t++) {
+                    EmuFiber& f = emu_fibers[t];
+                    if (!f.stack) f.stack.reset(new char[EMU_STACK]);
+                    getcontext(&f.ctx);
+                    f.ctx.uc_stack.ss_sp = f.stack.get();
+                    f.ctx.uc_stack.ss_size = EMU_STACK;
+                    f.ctx.uc_link = &emu_main;
+                    f.done = false;
+                    makecontext(&f.ctx, emu_fiber_main, 0);
+                }
+                // Round robin until every fiber has returned; a fiber runs until it waits.
+                for (bool left = true; left;) {
+                    left = false;
+                    for (unsigned t = 0; t < threads; t++) {
+                        if (emu_fibers[t].done) continue;
+                        emu_cur = t;
+                        threadIdx = {t, 0, 0};
+                        swapcontext(&emu_main, &emu_fibers[t].ctx);
+                        left |= !emu_fibers[t].done;
+                    }
+                }
+            }
+}
+
+template <class F> void emu_launch(unsigned gx, unsigned gy, unsigned threads, F kernel) { emu_launch(gx, gy, 1, threads, kernel); }

@@ -1,6 +1,7 @@
 // mla_decode + mla_combine (kernels/mla.cu) on the CPU emulator against a float64 reference:
-// head counts 8 / 16 / 64, one and three query rows per sequence, context splits as
-// runtime/backend-cuda/src/mla.rs chooses them (a split whose only tile is partial included).
+// head counts 8 / 16 / 20 / 40 / 64 (groups of at most 16, the last smaller), one and three
+// query rows per sequence, context splits as runtime/backend-cuda/src/mla.rs chooses them (a
+// split whose only tile is partial included).
 // Exit status: the number of failing cases.
 #include "emu.h"
 #include "../weft_port.h"
@@ -18,7 +19,7 @@ int main() {
     for (unsigned i = 0; i < n_pages; i++) table[i] = n_pages - 1 - i;  // scattered pages
     int fails = 0;
     struct Case { unsigned heads; int rows; unsigned max_splits; };
-    for (Case c : {Case{16, 1, 1000}, Case{8, 3, 24}, Case{16, 3, 24}, Case{64, 1, 12}}) {
+    for (Case c : {Case{16, 1, 1000}, Case{8, 3, 24}, Case{16, 3, 24}, Case{64, 1, 12}, Case{20, 3, 24}, Case{40, 1, 12}}) {
         std::vector<unsigned> bt, off, ctx;
         for (int r = 0; r < c.rows; r++) {
             off.push_back(bt.size());
@@ -30,14 +31,15 @@ int main() {
         for (auto& v : qp) v = 0.5f * U(rng);
         const float scale = 0.06f;
         // launch shape as mla.rs: 4 waves over 132 SMs, each split at least a 16-token tile
-        unsigned hg = std::min(16u, c.heads), groups = c.heads / hg;
+        unsigned groups = (c.heads + 15) / 16, hg = (c.heads + groups - 1) / groups;
+        groups = (c.heads + hg - 1) / hg;
         unsigned max_ctx = *std::max_element(ctx.begin(), ctx.end());
         unsigned base = c.rows * groups, want = (4 * 132 + base - 1) / base;
         unsigned nsplit = std::max(1u, std::min({want, (max_ctx + 15) / 16, c.max_splits}));
         unsigned chunk = ((max_ctx + nsplit - 1) / nsplit + 15) / 16 * 16;
         nsplit = (max_ctx + chunk - 1) / chunk;
         std::vector<float> o_part(c.rows * c.heads * nsplit * latent, NAN), ml(c.rows * c.heads * nsplit * 2, NAN), out(c.rows * c.heads * latent, NAN);
-        emu_launch(base, nsplit, 256, [&] { mla_decode(layer.data(), ql.data(), qp.data(), bt.data(), off.data(), ctx.data(), o_part.data(), ml.data(), c.heads, groups, latent, rd, page, scale, chunk); });
+        emu_launch(base, nsplit, 256, [&] { mla_decode(layer.data(), ql.data(), qp.data(), bt.data(), off.data(), ctx.data(), o_part.data(), ml.data(), c.heads, groups, hg, latent, rd, page, scale, chunk); });
         emu_launch(c.rows * c.heads, 1, 256, [&] { mla_combine(o_part.data(), ml.data(), out.data(), nsplit, latent); });
         double worst = 0, peak = 0;
         for (int r = 0; r < c.rows; r++)

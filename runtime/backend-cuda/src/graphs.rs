@@ -121,7 +121,9 @@ unsafe impl Send for StepGraphs {}
 
 impl StepGraphs {
     pub fn from_env() -> Self {
-        let enabled = std::env::var("WEFT_CUDA_GRAPHS").map_or(true, |v| v != "0");
+        // Off by default on HIP: recording steps whose buffers are allocated while recording
+        // is not verified on ROCm (`WEFT_CUDA_GRAPHS=1` asks for it).
+        let enabled = std::env::var("WEFT_CUDA_GRAPHS").map_or(!crate::HIP, |v| v != "0");
         let max_tokens = std::env::var("WEFT_CUDA_GRAPH_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(64);
         StepGraphs { enabled, max_tokens, graphs: HashMap::new(), sightings: HashMap::new(), failures: HashMap::new(), inputs: None, clock: 0, stats: GraphStats::default() }
     }

@@ -11,8 +11,23 @@
 //! trip); larger batches use cuBLAS bf16 GEMMs with f32 accumulation, and MoE routing on the
 //! host with one GEMM pair per active expert. Attention is split along the context (`mla`).
 //! Every op is checked against the CPU reference (`tests/kernels.rs`).
+//!
+//! The same host code drives AMD GPUs: feature `hip` (or `hip-mock`, tests without a GPU)
+//! puts `weft-hip-driver` — cudarc's API over HIP — where cudarc was, so `cudarc::` below
+//! names it. What differs on HIP: 64-lane sub-groups (`SUBGROUP`), kernels compiled by hiprtc
+//! for the device's gfx target, GEMMs by the project's kernel (`kernels/gemm.cu`) instead of
+//! cuBLAS, no tensor-core (`mma.sync`) kernels, and step graphs off unless asked for.
+
+#[cfg(all(feature = "cuda", any(feature = "hip", feature = "hip-mock")))]
+compile_error!("weft-cuda: features `cuda` and `hip`/`hip-mock` exclude each other (build HIP with --no-default-features)");
+#[cfg(not(any(feature = "cuda", feature = "hip", feature = "hip-mock")))]
+compile_error!("weft-cuda: enable `cuda` (default), `hip` or `hip-mock`");
+#[cfg(any(feature = "hip", feature = "hip-mock"))]
+extern crate weft_hip_driver as cudarc;
 
 mod dummy;
+#[cfg(feature = "hip-mock")]
+mod emu;
 mod gemv;
 mod graphs;
 mod mla;
@@ -28,9 +43,16 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use weft_backend::{BackendError, KvLayout, Result};
 
-/// Lanes per sub-group on CUDA (`WEFT_WARP` in kernels/weft_port.h). Host code that sizes a
-/// grid of one-sub-group-per-row kernels divides by this; a HIP build must use 64 on CDNA.
-pub(crate) const SUBGROUP: u32 = 32;
+/// Whether this build drives AMD GPUs (features `hip`, `hip-mock`).
+pub const HIP: bool = cfg!(any(feature = "hip", feature = "hip-mock"));
+
+/// The backend's name in errors and `Backend::name`.
+pub const BACKEND: &str = if HIP { "hip" } else { "cuda" };
+
+/// Lanes per sub-group (`WEFT_WARP` in kernels/weft_port.h): 32 on NVIDIA, 64 on AMD Instinct
+/// (CDNA wavefronts; `CudaBackend::new` refuses a HIP device reporting another width). Host
+/// code that sizes a grid of one-sub-group-per-row kernels divides by this.
+pub(crate) const SUBGROUP: u32 = if HIP { 64 } else { 32 };
 
 pub const KERNEL_SOURCE: &str = concat!(
     include_str!("../../../kernels/weft_port.h"),
@@ -48,6 +70,8 @@ pub const KERNEL_SOURCE: &str = concat!(
     include_str!("../../../kernels/dummy.cu"),
     "\n",
     include_str!("../../../kernels/sample.cu"),
+    "\n",
+    include_str!("../../../kernels/gemm.cu"),
 );
 /// Every kernel the backend loads by name (a missing one fails `CudaBackend::new`).
 pub const KERNELS: &[&str] = &[
@@ -221,9 +245,10 @@ fn dev(e: impl std::fmt::Debug) -> BackendError {
 }
 
 fn unavailable(reason: String) -> BackendError {
-    BackendError::Unavailable { backend: "cuda", reason }
+    BackendError::Unavailable { backend: BACKEND, reason }
 }
 
+#[cfg(feature = "cuda")]
 fn arch_name(major: i32, minor: i32) -> &'static str {
     match (major, minor) {
         (9, 0) => "sm_90a",
@@ -241,6 +266,7 @@ fn arch_name(major: i32, minor: i32) -> &'static str {
 /// allocate afresh. With the release threshold at its maximum the pool keeps what it has
 /// served: after the first step of a shape, the step loop's activations come from the pool,
 /// not from the driver.
+#[cfg(feature = "cuda")]
 fn keep_pool_memory(ctx: &CudaContext) {
     use cudarc::driver::sys;
     unsafe {
@@ -261,6 +287,25 @@ pub fn compile_kernels(arch: &'static str) -> Result<cudarc::nvrtc::Ptx> {
         .map_err(|e| BackendError::Device(format!("compiling kernels/ for {arch}: {e}")))
 }
 
+/// The target the kernels are compiled for: "sm_90a" etc. on NVIDIA.
+#[cfg(feature = "cuda")]
+fn device_arch(ctx: &CudaContext) -> Result<&'static str> {
+    let (major, minor) = ctx.compute_capability().map_err(dev)?;
+    Ok(arch_name(major, minor))
+}
+
+/// The gfx target ("gfx942") on AMD, which must have 64-lane wavefronts (`SUBGROUP`).
+#[cfg(not(feature = "cuda"))]
+fn device_arch(ctx: &CudaContext) -> Result<&'static str> {
+    #[cfg(feature = "hip-mock")]
+    emu::install(SUBGROUP);
+    let lanes = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_WARP_SIZE).map_err(dev)?;
+    if lanes != SUBGROUP as i32 {
+        return Err(unavailable(format!("the device runs {lanes}-lane wavefronts; weft's HIP kernels are built for {SUBGROUP} (AMD Instinct)")));
+    }
+    Ok(Box::leak(ctx.gcn_arch().map_err(dev)?.into_boxed_str()))
+}
+
 impl CudaBackend {
     /// Opens device `ordinal`, compiles the kernels for it and creates the cuBLAS handle.
     /// Machines without the CUDA driver (or NVRTC/cuBLAS) get `Unavailable`, not a panic.
@@ -278,8 +323,7 @@ impl CudaBackend {
         let ctx = std::panic::catch_unwind(|| CudaContext::new(ordinal))
             .map_err(|_| unavailable("the CUDA driver library (libcuda) could not be loaded".into()))?
             .map_err(|e| unavailable(format!("device {ordinal}: {e:?}")))?;
-        let (major, minor) = ctx.compute_capability().map_err(dev)?;
-        let arch = arch_name(major, minor);
+        let arch = device_arch(&ctx)?;
         let device_name = ctx.name().unwrap_or_else(|_| "unknown".into());
         let ptx = compile_kernels(arch)?;
         let module = ctx.load_module(ptx).map_err(dev)?;
@@ -299,12 +343,14 @@ impl CudaBackend {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(dev)?;
         let moe_counter = stream.alloc_zeros::<u32>(1).map_err(dev)?;
+        #[cfg(feature = "cuda")]
         keep_pool_memory(&ctx);
         let blas = std::panic::catch_unwind(|| CudaBlas::new(stream.clone())).map_err(|_| unavailable("cuBLAS could not be loaded".into()))?.map_err(dev)?;
         let poison = std::env::var("WEFT_CUDA_POISON").is_ok_and(|v| v == "1");
         let all_f32 = std::env::var("WEFT_CUDA_F32").is_ok_and(|v| v == "1");
         let slow_paths = std::env::var("WEFT_CUDA_SLOW").is_ok_and(|v| v == "1");
-        let mma = std::env::var("WEFT_CUDA_MMA").map_or(true, |v| v != "0");
+        // The tensor-core kernels are NVIDIA's `mma.sync` (trap stubs on HIP).
+        let mma = !HIP && std::env::var("WEFT_CUDA_MMA").map_or(true, |v| v != "0");
         Ok(CudaBackend {
             ctx,
             stream,

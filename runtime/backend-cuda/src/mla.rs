@@ -11,17 +11,26 @@ const TILE: usize = 16;
 const HEAD_GROUP: usize = 16;
 const THREADS: u32 = 256;
 
+/// Heads per block: as few groups as keep each at most `HEAD_GROUP` heads, sized evenly (the
+/// last may be smaller): 12 heads are one group of 12, 20 two of 10, 40 three of 14/14/12, 128
+/// eight of 16 — so the head counts tensor parallelism leaves (8, 12, 16, 64, 128 and any
+/// other) need neither padding nor a slower kernel. Returns (groups, heads per group).
+pub(crate) fn head_groups(heads: usize) -> (usize, usize) {
+    let groups = heads.div_ceil(HEAD_GROUP).max(1);
+    let size = heads.div_ceil(groups).max(1);
+    (heads.div_ceil(size).max(1), size)
+}
+
 impl CudaBackend {
     fn mla_smem(&self, width: usize, hg: usize) -> usize {
         (hg * width + TILE * (width + 4) + HEAD_GROUP * TILE + 3 * HEAD_GROUP) * 4
     }
 
-    /// Whether the split kernel takes this shape (heads split into equal groups of at most 16,
-    /// latent ≤ 2 × threads, latent and rope widths in whole float4s, tiles fit in shared
-    /// memory).
+    /// Whether the split kernel takes this shape (latent ≤ 2 × threads, latent and rope widths
+    /// in whole float4s, tiles fit in shared memory). Any head count does.
     pub(crate) fn mla_split_fits(&self, pool: &CudaKvPool, heads: usize) -> bool {
-        let (hg, l) = (heads.min(HEAD_GROUP), pool.layout);
-        !self.slow_paths && heads % hg == 0 && l.latent_dim <= 2 * THREADS as usize && l.latent_dim % 4 == 0 && l.rope_dim % 4 == 0 && self.mla_smem(l.width(), hg) <= self.smem_optin
+        let l = pool.layout;
+        !self.slow_paths && heads > 0 && l.latent_dim <= 2 * THREADS as usize && l.latent_dim % 4 == 0 && l.rope_dim % 4 == 0 && self.mla_smem(l.width(), head_groups(heads).1) <= self.smem_optin
     }
 
     /// `bt`/`off`/`ctx` are the concatenated block tables, their offsets and visible lengths.
@@ -38,8 +47,7 @@ impl CudaBackend {
         tables: [&CudaSlice<u32>; 3],
     ) -> Result<CudaSlice<f32>> {
         let l = pool.layout;
-        let hg = heads.min(HEAD_GROUP);
-        let groups = heads / hg;
+        let (groups, hg) = head_groups(heads);
         // While a step is recorded, sized for its context bucket (the graph serves every step
         // up to it; splits past a row's context are empty).
         let max_ctx = self.split_context(rows.iter().map(|r| r.ctx_len).max().unwrap_or(1));
@@ -54,10 +62,10 @@ impl CudaBackend {
         let mut ml_part = self.out(parts * 2)?;
         let stride = l.num_pages * l.page_size * l.width();
         let view = pool.data.slice(layer * stride..(layer + 1) * stride);
-        let (h32, g32, lat, rd, ps, ch) = (heads as u32, groups as u32, l.latent_dim as u32, l.rope_dim as u32, l.page_size as u32, chunk as u32);
+        let (h32, g32, gs, lat, rd, ps, ch) = (heads as u32, groups as u32, hg as u32, l.latent_dim as u32, l.rope_dim as u32, l.page_size as u32, chunk as u32);
         let smem = self.mla_smem(l.width(), hg) as u32;
         let mut b = self.stream.launch_builder(self.func("mla_decode"));
-        b.arg(&view).arg(q_lat).arg(q_pe).arg(tables[0]).arg(tables[1]).arg(tables[2]).arg(&mut o_part).arg(&mut ml_part).arg(&h32).arg(&g32).arg(&lat).arg(&rd).arg(&ps).arg(&scale).arg(&ch);
+        b.arg(&view).arg(q_lat).arg(q_pe).arg(tables[0]).arg(tables[1]).arg(tables[2]).arg(&mut o_part).arg(&mut ml_part).arg(&h32).arg(&g32).arg(&gs).arg(&lat).arg(&rd).arg(&ps).arg(&scale).arg(&ch);
         unsafe { b.launch(LaunchConfig { grid_dim: (base as u32, nsplit as u32, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: smem }) }.map_err(dev)?;
         let mut out = self.out(rows.len() * heads * l.latent_dim)?;
         let ns = nsplit as u32;
@@ -67,5 +75,20 @@ impl CudaBackend {
         let smem = ((THREADS as usize + nsplit) * 4) as u32;
         unsafe { b.launch(LaunchConfig { grid_dim: ((rows.len() * heads) as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: smem }) }.map_err(dev)?;
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn head_groups_cover_every_head_once_within_the_kernel_limit() {
+        for heads in 1..=160 {
+            let (groups, size) = super::head_groups(heads);
+            assert!(size <= super::HEAD_GROUP && size > 0, "{heads}: group size {size}");
+            assert!(groups * size >= heads && (groups - 1) * size < heads, "{heads}: {groups} groups of {size}");
+        }
+        assert_eq!(super::head_groups(12), (1, 12));
+        assert_eq!(super::head_groups(20), (2, 10));
+        assert_eq!(super::head_groups(128), (8, 16));
     }
 }

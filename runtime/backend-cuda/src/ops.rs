@@ -198,7 +198,7 @@ impl Backend for CudaBackend {
     type KvPool = CudaKvPool;
 
     fn name(&self) -> &'static str {
-        "cuda"
+        crate::BACKEND
     }
 
     fn run_step(&self, pool: &mut CudaKvPool, step: &StepBatch<'_>, out_len: usize, run: &mut dyn FnMut(&mut CudaKvPool) -> Result<CudaSlice<f32>>) -> Result<CudaSlice<f32>> {

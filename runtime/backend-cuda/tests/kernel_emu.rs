@@ -1,4 +1,4 @@
-//! GPU kernels run on the CPU (`kernels/emu`: a thread per lane, NaN-filled shared memory), so
+//! GPU kernels run on the CPU (`kernels/emu`: a fiber per lane, NaN-filled shared memory), so
 //! their logic is checked on machines without a GPU too. Needs a C++20 compiler (`c++`, or
 //! `$CXX`); without one the test says so and passes.
 

@@ -2,6 +2,7 @@
 //! with outputs poisoned (NaN-filled) before each kernel so unwritten elements are caught;
 //! then the golden fixtures through the CUDA backend. On a machine without CUDA every test
 //! prints why it is skipped and passes.
+#![cfg(feature = "cuda")]
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
@@ -384,9 +385,9 @@ fn mla_attention_head_counts_and_single_rows() {
     let norm_w = r.vec(latent, 1.0);
     g.mla_store_kv(&mut pg, 0, &g.upload(&kv).unwrap(), &g.upload(&norm_w).unwrap(), 1e-6, &pos, &slots, &rp).unwrap();
     c.mla_store_kv(&mut pc, 0, &kv, &norm_w, 1e-6, &pos, &slots, &rp).unwrap();
-    // the head counts tensor parallelism leaves per GPU; one decode row, and 3 query rows of one
+    // the head counts tensor parallelism leaves per GPU (and 20, 40: uneven groups); one decode row, and 3 query rows of one
     // sequence (speculative verification)
-    for heads in [8usize, 12, 16, 64, 128] {
+    for heads in [8usize, 12, 16, 20, 40, 64, 128] {
         for ctxs in [vec![n], vec![n - 2, n - 1, n]] {
             let rows: Vec<AttnRow<'_>> = ctxs.iter().map(|&c| AttnRow { block_table: &table, ctx_len: c }).collect();
             let q_lat = r.vec(rows.len() * heads * latent, 0.5);

@@ -3,6 +3,7 @@
 //! `scripts/test.sh` installs NVRTC from PyPI (`scripts/setup-nvrtc.sh`) and sets
 //! `WEFT_REQUIRE_NVRTC=1`, so in CI a missing NVRTC fails instead of skipping.
 //! `WEFT_DUMP_PTX=DIR` keeps each target's PTX.
+#![cfg(feature = "cuda")]
 
 use weft_cuda::{compile_kernels, KERNELS};
 

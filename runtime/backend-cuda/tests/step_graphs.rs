@@ -2,6 +2,7 @@
 //! fixture model: several sequences decoding together, a sequence leaving and coming back
 //! (a different token count), contexts crossing page boundaries and a context bucket, block
 //! tables outgrowing the step-input buffers. On a machine without CUDA it prints SKIPPED.
+#![cfg(feature = "cuda")]
 
 use weft_backend::{AttnRow, Backend, StepBatch};
 use weft_cuda::CudaBackend;
