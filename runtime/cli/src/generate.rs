@@ -48,7 +48,8 @@ pub struct GenerateArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
-    /// Compute backend: cpu, cuda, or auto (CUDA when a device is there, else CPU).
+    /// Compute backend: cpu, cuda (hip in a HIP build), or auto (the GPU when one is there,
+    /// else the CPU).
     #[arg(long, default_value = "auto")]
     backend: String,
     /// The GPU for the cuda backend.

@@ -62,7 +62,8 @@ pub struct ServeArgs {
     /// After SIGTERM, how long in-flight requests may run before they are aborted.
     #[arg(long, default_value_t = 30)]
     shutdown_grace_secs: u64,
-    /// Compute backend: cpu, cuda, or auto (CUDA when a device is there, else CPU).
+    /// Compute backend: cpu, cuda (hip in a HIP build), or auto (the GPU when one is there,
+    /// else the CPU).
     #[arg(long, default_value = "auto")]
     backend: String,
     /// The GPU for the cuda backend.
