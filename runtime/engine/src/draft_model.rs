@@ -6,11 +6,11 @@
 //! positions whose tokens were accepted. Drafts are deterministic, so the verifier treats them
 //! as certain (draft probability 1), which keeps sampled verification exact.
 
-use crate::kv_pool::PagePool;
+use crate::kv_pool::{PagePool, PassRows};
 use std::collections::HashMap;
 use weft_backend::front::FrontRow;
-use weft_backend::{AttnRow, Backend};
-use weft_model::{LoadedModel, StepBatch};
+use weft_backend::Backend;
+use weft_model::LoadedModel;
 
 struct DraftSeq {
     pages: Vec<u32>,
@@ -22,7 +22,6 @@ pub struct DraftModel<B: Backend> {
     lm: LoadedModel<B>,
     kv: B::KvPool,
     pool: PagePool,
-    page_size: usize,
     seqs: HashMap<u64, DraftSeq>,
 }
 
@@ -37,7 +36,7 @@ impl<B: Backend> DraftModel<B> {
     /// `num_pages` pages of `page_size` tokens for the draft model's cache.
     pub fn new(lm: LoadedModel<B>, num_pages: usize, page_size: usize) -> Result<Self, String> {
         let kv = lm.model.backend.alloc_kv_pool(lm.model.kv_layout(num_pages, page_size)).map_err(|e| format!("draft model KV pool: {e}"))?;
-        Ok(DraftModel { lm, kv, pool: PagePool::new(num_pages, page_size), page_size, seqs: HashMap::new() })
+        Ok(DraftModel { lm, kv, pool: PagePool::new(num_pages, page_size), seqs: HashMap::new() })
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -61,7 +60,7 @@ impl<B: Backend> DraftModel<B> {
     pub fn rollback(&mut self, id: u64, valid: usize) {
         if let Some(s) = self.seqs.get_mut(&id) {
             s.computed = s.computed.min(valid);
-            let keep = s.computed.div_ceil(self.page_size);
+            let keep = s.computed.div_ceil(self.pool.page_size());
             self.pool.release_all(&s.pages[keep..]);
             s.pages.truncate(keep);
         }
@@ -77,31 +76,13 @@ impl<B: Backend> DraftModel<B> {
     /// One forward pass over `feeds` (sequence id, first position, tokens) and the draft
     /// model's best next token after each feed's last token.
     fn pass(&mut self, feeds: &[(u64, usize, Vec<u32>)]) -> Result<Vec<u32>, String> {
-        let ps = self.page_size;
-        let (mut tokens, mut positions, mut slots, mut last) = (vec![], vec![], vec![], vec![]);
-        for (id, start, toks) in feeds {
-            let s = &self.seqs[id];
-            for (j, &t) in toks.iter().enumerate() {
-                let p = start + j;
-                tokens.push(t);
-                positions.push(p as u32);
-                slots.push(s.pages[p / ps] * ps as u32 + (p % ps) as u32);
-            }
-            last.push(tokens.len() as u32 - 1);
-        }
-        let attn: Vec<AttnRow> = feeds
-            .iter()
-            .flat_map(|(id, start, toks)| {
-                let pages = &self.seqs[id].pages;
-                (*start..start + toks.len()).map(move |p| AttnRow { block_table: pages, ctx_len: p + 1 })
-            })
-            .collect();
+        let seqs = &self.seqs;
+        let pass = PassRows::new(self.pool.page_size(), feeds.iter().map(|(id, start, toks)| (seqs[id].pages.as_slice(), *start, toks.as_slice())));
         let m = &self.lm.model;
-        let batch = StepBatch { tokens: &tokens, positions: &positions, slots: &slots, attn: &attn };
-        let hidden = m.forward_hidden(&mut self.kv, &batch).map_err(|e| e.to_string())?;
-        let h = m.backend.gather_rows(&hidden, m.cfg.hidden_size, &last).map_err(|e| e.to_string())?;
+        let hidden = m.forward_hidden(&mut self.kv, &pass.batch()).map_err(|e| e.to_string())?;
+        let h = m.backend.gather_rows(&hidden, m.cfg.hidden_size, &pass.last).map_err(|e| e.to_string())?;
         let mut logits = m.logits(&h).map_err(|e| e.to_string())?;
-        let rows: Vec<FrontRow> = last.iter().map(|_| FrontRow { k: 1, temperature: 1.0, edits: vec![] }).collect();
+        let rows: Vec<FrontRow> = pass.last.iter().map(|_| FrontRow { k: 1, temperature: 1.0, edits: vec![] }).collect();
         let outs = m.backend.sampling_front(&mut logits, m.cfg.vocab_size, &rows).map_err(|e| e.to_string())?;
         outs.into_iter().map(|o| o.ids.first().copied().ok_or_else(|| "the draft model gave no candidate".to_string())).collect()
     }

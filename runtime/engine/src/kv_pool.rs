@@ -4,6 +4,8 @@
 //! preemption; `free_pages() == capacity()` when idle is the leak check the tests use.
 
 use std::collections::{BTreeMap, HashMap};
+use weft_backend::AttnRow;
+use weft_model::StepBatch;
 
 #[derive(Clone, Copy, Debug, Default)]
 struct PageMeta {
@@ -36,6 +38,39 @@ pub fn chain_hash(parent: u64, tokens: &[u32]) -> u64 {
         }
     }
     h
+}
+
+/// The rows of one forward pass over new tokens of several sequences in a paged cache (the
+/// drafters' own caches build their passes with it): tokens, positions, cache slots, attention
+/// rows (each sees its sequence up to and including itself) and each feed's last row.
+pub struct PassRows<'a> {
+    pub tokens: Vec<u32>,
+    pub positions: Vec<u32>,
+    pub slots: Vec<u32>,
+    pub attn: Vec<AttnRow<'a>>,
+    pub last: Vec<u32>,
+}
+
+impl<'a> PassRows<'a> {
+    /// `feeds`: (the sequence's pages, its first new position, the new tokens) each.
+    pub fn new(page_size: usize, feeds: impl IntoIterator<Item = (&'a [u32], usize, &'a [u32])>) -> Self {
+        let mut r = PassRows { tokens: vec![], positions: vec![], slots: vec![], attn: vec![], last: vec![] };
+        for (pages, start, tokens) in feeds {
+            for (j, &t) in tokens.iter().enumerate() {
+                let p = start + j;
+                r.tokens.push(t);
+                r.positions.push(p as u32);
+                r.slots.push(pages[p / page_size] * page_size as u32 + (p % page_size) as u32);
+                r.attn.push(AttnRow { block_table: pages, ctx_len: p + 1 });
+            }
+            r.last.push(r.tokens.len() as u32 - 1);
+        }
+        r
+    }
+
+    pub fn batch(&self) -> StepBatch<'_> {
+        StepBatch { tokens: &self.tokens, positions: &self.positions, slots: &self.slots, attn: &self.attn }
+    }
 }
 
 impl PagePool {

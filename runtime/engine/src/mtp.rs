@@ -14,11 +14,11 @@
 //! overwritten by the next catch-up. Drafts are greedy and deterministic, so the verifier
 //! treats them as certain, which keeps sampled verification exact.
 
-use crate::kv_pool::PagePool;
+use crate::kv_pool::{PagePool, PassRows};
 use std::collections::HashMap;
 use weft_backend::front::FrontRow;
-use weft_backend::{AttnRow, Backend};
-use weft_model::{DeepseekV3, StepBatch};
+use weft_backend::Backend;
+use weft_model::DeepseekV3;
 
 /// The target's hidden states from its last forward pass, and where each sequence's rows are.
 pub struct LastHidden<B: Backend> {
@@ -44,7 +44,6 @@ struct MtpSeq {
 pub struct MtpDrafter<B: Backend> {
     kv: B::KvPool,
     pool: PagePool,
-    page_size: usize,
     seqs: HashMap<u64, MtpSeq>,
 }
 
@@ -68,7 +67,7 @@ impl<B: Backend> MtpDrafter<B> {
             ));
         }
         let kv = model.backend.alloc_kv_pool(model.mtp_kv_layout(num_pages, page_size)).map_err(|e| format!("MTP KV pool ({num_pages} pages): {e}"))?;
-        Ok(MtpDrafter { kv, pool: PagePool::new(num_pages, page_size), page_size, seqs: HashMap::new() })
+        Ok(MtpDrafter { kv, pool: PagePool::new(num_pages, page_size), seqs: HashMap::new() })
     }
 
     /// Pages of the module's cache held by sequences.
@@ -213,20 +212,8 @@ impl<B: Backend> MtpDrafter<B> {
 
     /// One forward pass of the module over `feeds`, `prev` holding one hidden row per token.
     fn pass(&mut self, model: &DeepseekV3<B>, feeds: &[Feed], prev: &B::Buf) -> Result<B::Buf, String> {
-        let ps = self.page_size;
-        let (mut tokens, mut positions, mut slots) = (vec![], vec![], vec![]);
-        for f in feeds {
-            let pages = &self.seqs[&f.id].pages;
-            for (j, &t) in f.tokens.iter().enumerate() {
-                let p = f.start + j;
-                tokens.push(t);
-                positions.push(p as u32);
-                slots.push(pages[p / ps] * ps as u32 + (p % ps) as u32);
-            }
-        }
         let seqs = &self.seqs;
-        let attn: Vec<AttnRow> = feeds.iter().flat_map(|f| (f.start..f.start + f.tokens.len()).map(move |p| AttnRow { block_table: &seqs[&f.id].pages, ctx_len: p + 1 })).collect();
-        let batch = StepBatch { tokens: &tokens, positions: &positions, slots: &slots, attn: &attn };
-        model.mtp_forward(0, &mut self.kv, &batch, prev).map_err(|e| e.to_string())
+        let rows = PassRows::new(self.pool.page_size(), feeds.iter().map(|f| (seqs[&f.id].pages.as_slice(), f.start, f.tokens.as_slice())));
+        model.mtp_forward(0, &mut self.kv, &rows.batch(), prev).map_err(|e| e.to_string())
     }
 }
