@@ -53,25 +53,51 @@ extern "C" __global__ void mla_decode(const float* layer, const float* q_lat, co
             ((float4*)(kv + t * wp))[j] = v;
         }
         __syncthreads();
-        // Scores: one (head, token) pair per thread per pass, four independent partial sums.
-        for (u32 i = threadIdx.x; i < hg * MLA_T; i += blockDim.x) {
-            u32 h = i / MLA_T, t = i % MLA_T;
-            float s = -WEFT_INF;
-            if (t < cnt) {
-                const float4* qh = (const float4*)(q + h * w);
-                const float4* kt = (const float4*)(kv + t * wp);
-                float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
-#pragma unroll 8
-                for (u32 j = 0; j < w4; j++) {
-                    float4 x = qh[j], y = kt[j];
-                    a0 += x.x * y.x;
-                    a1 += x.y * y.y;
-                    a2 += x.z * y.z;
-                    a3 += x.w * y.w;
+        // Scores: each 16-lane group owns a 4-head × 4-token sub-tile (16 groups cover 16 heads
+        // × MLA_T tokens); each lane sums a strided share of the width for all 16 pairs — 8
+        // float4 loads from shared memory per 16 float4 products, a quarter of the traffic of
+        // one pair per thread, which bounded this phase — and the group adds its lanes' sums by
+        // butterfly. Sub-tiles past the block's heads skip (uniform over each sub-group: a
+        // 32- or 64-lane sub-group holds groups of one head block).
+        {
+            const u32 sub = threadIdx.x / 16, lane = threadIdx.x % 16;
+            const u32 hb = sub / 4 * 4, tb = sub % 4 * 4;
+            if (hb < hg) {
+                float a[4][4];
+                const float4* qr[4];
+                const float4* kr[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    qr[i] = (const float4*)(q + min(hb + i, hg - 1) * w);
+                    kr[i] = (const float4*)(kv + (tb + i) * wp);
+#pragma unroll
+                    for (int j = 0; j < 4; j++) a[i][j] = 0.f;
                 }
-                s = ((a0 + a1) + (a2 + a3)) * scale;
+                for (u32 j = lane; j < w4; j += 16) {
+                    float4 x[4], y[4];
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        x[i] = qr[i][j];
+                        y[i] = kr[i][j];
+                    }
+#pragma unroll
+                    for (int hh = 0; hh < 4; hh++)
+#pragma unroll
+                        for (int tt = 0; tt < 4; tt++) a[hh][tt] += (x[hh].x * y[tt].x + x[hh].y * y[tt].y) + (x[hh].z * y[tt].z + x[hh].w * y[tt].w);
+                }
+                float s = 0.f;
+#pragma unroll
+                for (int hh = 0; hh < 4; hh++)
+#pragma unroll
+                    for (int tt = 0; tt < 4; tt++) {
+                        float v = a[hh][tt];
+#pragma unroll
+                        for (int o = 8; o > 0; o >>= 1) v += lane_xor(v, o);
+                        if (hh * 4 + tt == (int)lane) s = v;
+                    }
+                u32 h = hb + lane / 4, t = tb + lane % 4;
+                if (h < hg) p[h * MLA_T + t] = t < cnt ? s * scale : -WEFT_INF;
             }
-            p[h * MLA_T + t] = s;
         }
         __syncthreads();
         if (threadIdx.x < hg) {

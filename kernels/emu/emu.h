@@ -1,5 +1,5 @@
 // Runs weft's kernels on the CPU for tests on machines without a GPU: the threads of a block
-// are fibers (ucontext) on one OS thread, switched only where they must wait for each other
+// are fibers on one OS thread, switched only where they must wait for each other
 // (__syncthreads, sub-group shuffles); blocks run one after another, and the block's dynamic
 // shared memory is filled with NaN before each block — so a kernel that reads shared memory it
 // did not write shows NaN here instead of passing by luck on a GPU. Static `__shared__` arrays
@@ -11,6 +11,7 @@
 // (mma.cu's tensor-core kernels are trap stubs here, as on HIP).
 #pragma once
 #include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <ucontext.h>
@@ -29,20 +30,82 @@
 struct emu_dim3 { unsigned x = 0, y = 0, z = 0; };
 emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
 
-// The fibers of the running block and the scheduler's context.
+// The fibers of the running block and the scheduler's context. On x86-64 a fiber switch is a
+// few instructions (callee-saved registers and the stack pointer); elsewhere ucontext, whose
+// swapcontext also saves the signal mask with a system call per switch.
 struct EmuFiber {
-    ucontext_t ctx;
     std::unique_ptr<char[]> stack;
     bool done = false;
+#if defined(__x86_64__)
+    void* sp = nullptr;
+#else
+    ucontext_t ctx;
+#endif
 };
 static constexpr size_t EMU_STACK = 256 << 10;
 static std::vector<EmuFiber> emu_fibers;
-static ucontext_t emu_main;
 static unsigned emu_cur;
 static const std::function<void()>* emu_body;
 
-// Back to the scheduler, which resumes the other fibers before this one again.
+#if defined(__x86_64__)
+// emu_switch(&save, to): pushes the callee-saved registers, stores the stack pointer in *save,
+// and resumes the fiber (or scheduler) whose stack pointer is `to`.
+extern "C" void emu_switch(void** save, void* to);
+asm(R"(
+.text
+.p2align 4
+.globl emu_switch
+.type emu_switch, @function
+emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+.size emu_switch, .-emu_switch
+)");
+static void* emu_main_sp;
+static void emu_fiber_main();
+[[noreturn]] static void emu_fiber_entry() {
+    emu_fiber_main();
+    void* dead;
+    emu_switch(&dead, emu_main_sp);
+    __builtin_unreachable();
+}
+// A new fiber's stack: six zero registers for emu_switch to pop, then emu_fiber_entry as the
+// return address, placed so the entry sees the stack alignment of a called function.
+inline void emu_fiber_start(EmuFiber& f) {
+    auto top = reinterpret_cast<uintptr_t>(f.stack.get() + EMU_STACK) & ~uintptr_t(15);
+    void** sp = reinterpret_cast<void**>(top) - 2;  // entry's frame: rsp % 16 == 8 after ret
+    *sp = reinterpret_cast<void*>(&emu_fiber_entry);
+    for (int i = 0; i < 6; i++) *--sp = nullptr;
+    f.sp = sp;
+}
+inline void emu_yield() { emu_switch(&emu_fibers[emu_cur].sp, emu_main_sp); }
+inline void emu_resume(unsigned t) { emu_switch(&emu_main_sp, emu_fibers[t].sp); }
+#else
+static ucontext_t emu_main;
+static void emu_fiber_main();
+inline void emu_fiber_start(EmuFiber& f) {
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack.get();
+    f.ctx.uc_stack.ss_size = EMU_STACK;
+    f.ctx.uc_link = &emu_main;
+    makecontext(&f.ctx, emu_fiber_main, 0);
+}
 inline void emu_yield() { swapcontext(&emu_fibers[emu_cur].ctx, &emu_main); }
+inline void emu_resume(unsigned t) { swapcontext(&emu_main, &emu_fibers[t].ctx); }
+#endif
 
 // A barrier among n fibers (a block, or a sub-group): waits until every one of them that has
 // not returned has arrived.
@@ -91,22 +154,23 @@ inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
 float emu_smem[1 << 16];
 
 // Sub-group width and the shuffle exchange: each lane posts its value, the sub-group meets at
-// its barrier, each lane reads its partner's, and meets again before the slots are reused.
+// its barrier, each lane reads its partner's. Two slot sets, used alternately: a lane can only
+// post into a set again after the next barrier, which every lane passes after its read.
 unsigned emu_warp = 64;
-static std::vector<float> emu_lanes;
+static std::vector<float> emu_lanes[2];
+static std::vector<unsigned> emu_lane_turn;
 static std::vector<EmuBarrier> emu_warp_barriers;
 inline float emu_shfl_xor(float v, int o) {
     unsigned t = threadIdx.x, base = t / emu_warp * emu_warp, src = base + ((t - base) ^ (unsigned)o);
-    emu_lanes[t] = v;
+    std::vector<float>& slots = emu_lanes[emu_lane_turn[t]++ & 1];
+    slots[t] = v;
     emu_warp_barriers[t / emu_warp].wait();
-    float r = src < blockDim.x ? emu_lanes[src] : v;
-    emu_warp_barriers[t / emu_warp].wait();
-    return r;
+    return src < blockDim.x ? slots[src] : v;
 }
 
 static void emu_fiber_main() {
     (*emu_body)();
-    emu_fibers[emu_cur].done = true;  // uc_link returns to the scheduler
+    emu_fibers[emu_cur].done = true;  // then back to the scheduler
     emu_block_barrier.exited++;
     emu_warp_barriers[emu_cur / emu_warp].exited++;
 }
@@ -117,7 +181,8 @@ template <class F> void emu_launch(unsigned gx, unsigned gy, unsigned gz, unsign
     const std::function<void()> body = kernel;
     emu_body = &body;
     if (emu_fibers.size() < threads) emu_fibers.resize(threads);
-    emu_lanes.assign(threads, 0.f);
+    emu_lanes[0].assign(threads, 0.f);
+    emu_lanes[1].assign(threads, 0.f);
     emu_warp_barriers.assign((threads + emu_warp - 1) / emu_warp, EmuBarrier{});
     for (unsigned bz = 0; bz < gz; bz++)
         for (unsigned by = 0; by < gy; by++)
@@ -126,15 +191,12 @@ template <class F> void emu_launch(unsigned gx, unsigned gy, unsigned gz, unsign
                 for (unsigned w = 0; w < emu_warp_barriers.size(); w++) emu_warp_barriers[w] = EmuBarrier{std::min(emu_warp, threads - w * emu_warp)};
                 emu_block_barrier = EmuBarrier{threads};
                 std::fill(std::begin(emu_smem), std::end(emu_smem), NAN);
+                emu_lane_turn.assign(threads, 0);
                 for (unsigned t = 0; t < threads; t++) {
                     EmuFiber& f = emu_fibers[t];
                     if (!f.stack) f.stack.reset(new char[EMU_STACK]);
-                    getcontext(&f.ctx);
-                    f.ctx.uc_stack.ss_sp = f.stack.get();
-                    f.ctx.uc_stack.ss_size = EMU_STACK;
-                    f.ctx.uc_link = &emu_main;
                     f.done = false;
-                    makecontext(&f.ctx, emu_fiber_main, 0);
+                    emu_fiber_start(f);
                 }
                 // Round robin until every fiber has returned; a fiber runs until it waits.
                 for (bool left = true; left;) {
@@ -143,7 +205,7 @@ template <class F> void emu_launch(unsigned gx, unsigned gy, unsigned gz, unsign
                         if (emu_fibers[t].done) continue;
                         emu_cur = t;
                         threadIdx = {t, 0, 0};
-                        swapcontext(&emu_main, &emu_fibers[t].ctx);
+                        emu_resume(t);
                         left |= !emu_fibers[t].done;
                     }
                 }

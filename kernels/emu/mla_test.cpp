@@ -18,6 +18,10 @@ int main() {
     std::vector<unsigned> table(n_pages);
     for (unsigned i = 0; i < n_pages; i++) table[i] = n_pages - 1 - i;  // scattered pages
     int fails = 0;
+    // NVIDIA's 32-lane warps and AMD's 64-lane wavefronts (the score phase shuffles in groups
+    // of 16 lanes inside either).
+    for (unsigned lanes : {32u, 64u}) {
+    emu_warp = lanes;
     struct Case { unsigned heads; int rows; unsigned max_splits; };
     for (Case c : {Case{16, 1, 1000}, Case{8, 3, 24}, Case{16, 3, 24}, Case{64, 1, 12}, Case{20, 3, 24}, Case{40, 1, 12}}) {
         std::vector<unsigned> bt, off, ctx;
@@ -67,8 +71,9 @@ int main() {
                 }
             }
         bool ok = worst / peak < 1e-4;
-        std::printf("mla_decode %u heads x %d rows, %u splits of %u: rel err %.2e %s\n", c.heads, c.rows, nsplit, chunk, worst / peak, ok ? "ok" : "FAILED");
+        std::printf("mla_decode %u-lane sub-groups, %u heads x %d rows, %u splits of %u: rel err %.2e %s\n", lanes, c.heads, c.rows, nsplit, chunk, worst / peak, ok ? "ok" : "FAILED");
         fails += !ok;
+    }
     }
     return fails;
 }
