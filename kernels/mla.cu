@@ -36,10 +36,15 @@ extern "C" __global__ void mla_decode(const float* layer, const float* q_lat, co
         ((float4*)q)[i] = j < l4 ? ((const float4*)q_lat)[qh * l4 + j] : ((const float4*)q_pe)[qh * (rd / 4) + (j - l4)];
     }
     if (threadIdx.x < MLA_HG) { mrun[threadIdx.x] = -WEFT_INF; lrun[threadIdx.x] = 0.f; }
-    // Each thread owns output dims d = threadIdx.x + k*blockDim.x (k < 2) for every head.
-    float acc[MLA_HG][2];
+    // Each thread owns 4 output dims (dq: dims 4dq..4dq+3) of 8 heads (hh0..hh0+7): with 256
+    // threads, 128 dim quads × 2 head halves cover a latent of 512 and 16 heads.
+    const u32 dq = threadIdx.x % 128, hh0 = threadIdx.x / 128 * 8;
+    const bool owns = 4 * dq < latent && hh0 < hg;
+    float acc[8][4];
 #pragma unroll
-    for (int h = 0; h < MLA_HG; h++) { acc[h][0] = 0.f; acc[h][1] = 0.f; }
+    for (int h = 0; h < 8; h++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[h][j] = 0.f;
     __syncthreads();
     for (u32 base = t_begin; base < t_end; base += MLA_T) {
         u32 cnt = min((u32)MLA_T, t_end - base);
@@ -115,37 +120,37 @@ extern "C" __global__ void mla_decode(const float* layer, const float* q_lat, co
             corr[h] = c;
         }
         __syncthreads();
+        // Values: per 4 tokens, 4 float4 rows of the tile (shared by the 8 heads) and 8 float4
+        // weight quads (broadcast) feed 128 products.
+        if (owns) {
 #pragma unroll
-        for (int k = 0; k < 2; k++) {
-            u32 d = threadIdx.x + k * blockDim.x;
-            if (d < latent) {
-                float v[MLA_T];
+            for (int h = 0; h < 8; h++) {
+                float c = corr[min(hh0 + h, hg - 1)];
 #pragma unroll
-                for (int t = 0; t < MLA_T; t++) v[t] = kv[t * wp + d];
+                for (int j = 0; j < 4; j++) acc[h][j] *= c;
+            }
 #pragma unroll
-                for (int h = 0; h < MLA_HG; h++) {
-                    if (h < (int)hg) {
-                        const float4* ph = (const float4*)(p + h * MLA_T);
-                        float a = acc[h][k] * corr[h];
+            for (int t4 = 0; t4 < MLA_T / 4; t4++) {
+                float4 v[4];
 #pragma unroll
-                        for (int t4 = 0; t4 < MLA_T / 4; t4++) {
-                            float4 e = ph[t4];
-                            a += e.x * v[4 * t4] + e.y * v[4 * t4 + 1] + e.z * v[4 * t4 + 2] + e.w * v[4 * t4 + 3];
-                        }
-                        acc[h][k] = a;
-                    }
+                for (int tt = 0; tt < 4; tt++) v[tt] = ((const float4*)(kv + (4 * t4 + tt) * wp))[dq];
+#pragma unroll
+                for (int h = 0; h < 8; h++) {
+                    float4 e = ((const float4*)(p + min(hh0 + h, hg - 1) * MLA_T))[t4];
+                    acc[h][0] += e.x * v[0].x + e.y * v[1].x + e.z * v[2].x + e.w * v[3].x;
+                    acc[h][1] += e.x * v[0].y + e.y * v[1].y + e.z * v[2].y + e.w * v[3].y;
+                    acc[h][2] += e.x * v[0].z + e.y * v[1].z + e.z * v[2].z + e.w * v[3].z;
+                    acc[h][3] += e.x * v[0].w + e.y * v[1].w + e.z * v[2].w + e.w * v[3].w;
                 }
             }
         }
         __syncthreads();
     }
     i64 part = ((i64)row * heads + h0) * nsplit + split;
+    if (owns)
 #pragma unroll
-    for (int k = 0; k < 2; k++) {
-        u32 d = threadIdx.x + k * blockDim.x;
-        if (d < latent)
-            for (u32 h = 0; h < hg; h++) o_part[(part + (i64)h * nsplit) * latent + d] = acc[h][k];
-    }
+        for (int h = 0; h < 8; h++)
+            if (hh0 + h < hg) ((float4*)(o_part + (part + (i64)(hh0 + h) * nsplit) * latent))[dq] = make_float4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
     if (threadIdx.x < hg) {
         ml_part[(part + (i64)threadIdx.x * nsplit) * 2] = mrun[threadIdx.x];
         ml_part[(part + (i64)threadIdx.x * nsplit) * 2 + 1] = lrun[threadIdx.x];
