@@ -173,3 +173,20 @@ fn sampling_front_matches_cpu() {
         assert!((a.logsumexp - b.logsumexp).abs() < 1e-4 * b.logsumexp.abs().max(1.0), "row {i}: log-sum-exp {} vs {}", a.logsumexp, b.logsumexp);
     }
 }
+
+/// The engine makes the backend on one thread and drives it from its step loop's: every
+/// thread must make the device current before its first call (HIP's current device is per
+/// thread; the mock refuses calls from a thread that did not).
+#[test]
+fn a_backend_made_on_one_thread_works_on_another() {
+    let g = std::sync::Arc::new(mock());
+    let x: Vec<f32> = (0..512).map(|i| i as f32 * 0.01).collect();
+    let w = vec![1.0f32; 256];
+    let h = {
+        let g = g.clone();
+        std::thread::spawn(move || g.download(&g.rms_norm(&g.upload(&x).unwrap(), 256, &g.upload(&w).unwrap(), 1e-6).unwrap()).unwrap())
+    };
+    let got = h.join().expect("ops from another thread");
+    let want = CpuBackend::new().rms_norm(&(0..512).map(|i| i as f32 * 0.01).collect::<Vec<_>>(), 256, &vec![1.0; 256], 1e-6).unwrap();
+    check("rms_norm from another thread", &got, &want, 1e-5);
+}

@@ -13,6 +13,21 @@ fn api() -> &'static dyn Api {
     crate::api()
 }
 
+thread_local! {
+    /// The device this thread last made current (HIP's current device is per thread).
+    static CURRENT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// Makes `ordinal` the calling thread's current device, once per change: the backend is made
+/// on one thread and driven from the engine's, and HIP starts every thread on device 0.
+fn bind(ordinal: usize) -> Res<()> {
+    if CURRENT.with(|c| c.get()) != Some(ordinal) {
+        api().set_device(ordinal)?;
+        CURRENT.with(|c| c.set(Some(ordinal)));
+    }
+    Ok(())
+}
+
 /// The device attributes the backend reads, under cudarc's names.
 pub mod sys {
     #[allow(non_camel_case_types)]
@@ -65,13 +80,13 @@ impl CudaContext {
         if ordinal >= n {
             return Err(DriverError(format!("device {ordinal} does not exist ({n} HIP devices)")));
         }
-        api().set_device(ordinal)?;
+        bind(ordinal)?;
         Ok(Arc::new(CudaContext { ordinal }))
     }
 
     /// Makes this device current on the calling thread.
     pub fn bind_to_thread(&self) -> Res<()> {
-        api().set_device(self.ordinal)
+        bind(self.ordinal)
     }
 
     pub fn ordinal(&self) -> usize {
@@ -102,6 +117,7 @@ impl CudaContext {
     }
 
     pub fn load_module(self: &Arc<Self>, code: crate::nvrtc::Ptx) -> Res<Arc<CudaModule>> {
+        bind(self.ordinal)?;
         Ok(Arc::new(CudaModule { raw: api().module_load(&code.0)?, _ctx: self.clone() }))
     }
 
@@ -112,6 +128,7 @@ impl CudaContext {
     pub unsafe fn disable_event_tracking(&self) {}
 
     pub fn new_stream(self: &Arc<Self>) -> Res<Arc<CudaStream>> {
+        bind(self.ordinal)?;
         Ok(Arc::new(CudaStream { raw: api().stream_create()?, _ctx: self.clone() }))
     }
 }
@@ -318,6 +335,7 @@ impl CudaStream {
     /// # Safety
     /// The contents are uninitialised.
     pub unsafe fn alloc<T: DeviceRepr>(self: &Arc<Self>, len: usize) -> Res<CudaSlice<T>> {
+        self.bind()?;
         let ptr = api().malloc(len * std::mem::size_of::<T>(), self.raw)?;
         Ok(CudaSlice { ptr, len, stream: self.clone(), _t: PhantomData })
     }
@@ -338,6 +356,7 @@ impl CudaStream {
     pub fn memcpy_htod<T: DeviceRepr, S: HostSlice<T> + ?Sized, D: DevicePtrMut<T>>(&self, src: &S, dst: &mut D) -> Res<()> {
         let h = src.host();
         check_len("host-to-device copy", h.len(), dst.len())?;
+        self.bind()?;
         let (p, _g) = dst.device_ptr_mut(self);
         api().htod(p, bytes_of(h), self.raw)?;
         // The host buffer may be freed when this returns: wait for the copy.
@@ -345,6 +364,7 @@ impl CudaStream {
     }
 
     pub fn clone_dtoh<T: DeviceRepr + Default, S: DevicePtr<T>>(&self, src: &S) -> Res<Vec<T>> {
+        self.bind()?;
         let mut v = vec![T::default(); src.len()];
         let (p, _g) = src.device_ptr(self);
         // SAFETY: DeviceRepr types are plain data.
@@ -356,6 +376,7 @@ impl CudaStream {
 
     pub fn memcpy_dtod<T, S: DevicePtr<T>, D: DevicePtrMut<T>>(&self, src: &S, dst: &mut D) -> Res<()> {
         check_len("device-to-device copy", src.len(), dst.len())?;
+        self.bind()?;
         let n = src.len() * std::mem::size_of::<T>();
         let (s, _gs) = src.device_ptr(self);
         let (d, _gd) = dst.device_ptr_mut(self);
@@ -369,7 +390,12 @@ impl CudaStream {
     }
 
     pub fn synchronize(&self) -> Res<()> {
+        self.bind()?;
         api().stream_synchronize(self.raw)
+    }
+
+    fn bind(&self) -> Res<()> {
+        bind(self._ctx.ordinal)
     }
 
     pub fn launch_builder<'a>(&'a self, func: &'a CudaFunction) -> LaunchArgs<'a> {
@@ -377,6 +403,7 @@ impl CudaStream {
     }
 
     pub fn begin_capture(&self, _mode: sys::CUstreamCaptureMode) -> Res<()> {
+        self.bind()?;
         api().begin_capture(self.raw)
     }
 
@@ -397,6 +424,7 @@ unsafe impl Sync for CudaGraph {}
 
 impl CudaGraph {
     pub fn launch(&self) -> Res<()> {
+        self.stream.bind()?;
         api().graph_launch(self.raw, self.stream.raw)
     }
 }
@@ -457,6 +485,7 @@ impl LaunchArgs<'_> {
     pub unsafe fn launch(&mut self, cfg: LaunchConfig) -> Res<()> {
         let mut ptrs: Vec<*mut c_void> = self.args.iter_mut().map(|a| a as *mut u64 as *mut c_void).collect();
         let l = Launch { grid: cfg.grid_dim, block: cfg.block_dim, shared: cfg.shared_mem_bytes };
+        self.stream.bind()?;
         api().launch(self.func.raw, l, self.stream.raw, &mut ptrs)
     }
 }

@@ -39,6 +39,21 @@ pub struct Mock {
 
 pub const TOTAL_BYTES: usize = 192 << 30;
 
+thread_local! {
+    /// Whether this thread made the device current. Stricter than HIP (whose threads start on
+    /// device 0): a call from a thread that never did fails, so a driver that forgets to bind
+    /// a thread before using it — wrong on a machine with several GPUs — fails the tests.
+    static BOUND: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn bound(call: &str) -> Res<()> {
+    if BOUND.with(|b| b.get()) {
+        Ok(())
+    } else {
+        Err(DriverError(format!("mock HIP: {call} on a thread that made no device current")))
+    }
+}
+
 static MOCK: OnceLock<Mock> = OnceLock::new();
 
 pub fn get() -> &'static Mock {
@@ -80,6 +95,7 @@ impl Api for Mock {
     }
     fn set_device(&self, ordinal: usize) -> Res<()> {
         if ordinal == 0 {
+            BOUND.with(|b| b.set(true));
             Ok(())
         } else {
             Err(err(format!("hipSetDevice({ordinal}): the mock has one device")))
@@ -111,6 +127,7 @@ impl Api for Mock {
         Ok(())
     }
     fn malloc(&self, bytes: usize, _stream: u64) -> Res<u64> {
+        bound("hipMallocAsync")?;
         let mut s = self.state.lock().unwrap();
         if s.allocated + bytes > TOTAL_BYTES {
             return Err(err(format!("hipMallocAsync({bytes} bytes): out of memory")));
@@ -134,11 +151,13 @@ impl Api for Mock {
         Ok(())
     }
     fn htod(&self, dst: u64, src: &[u8], _stream: u64) -> Res<()> {
+        bound("hipMemcpyAsync")?;
         self.state.lock().unwrap().check("host-to-device copy", dst, src.len())?;
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
         Ok(())
     }
     fn dtoh(&self, dst: &mut [u8], src: u64, _stream: u64) -> Res<()> {
+        bound("hipMemcpyAsync")?;
         self.state.lock().unwrap().check("device-to-host copy", src, dst.len())?;
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
         Ok(())
@@ -175,6 +194,7 @@ impl Api for Mock {
         Ok(1024)
     }
     unsafe fn launch(&self, func: u64, l: Launch, _stream: u64, args: &mut [*mut c_void]) -> Res<()> {
+        bound("hipModuleLaunchKernel")?;
         let name = {
             let mut s = self.state.lock().unwrap();
             s.launches += 1;
