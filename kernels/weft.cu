@@ -198,6 +198,64 @@ extern "C" __global__ void mla_attention(const float* layer, const float* q_lat,
     }
 }
 
+// Grouped-query attention for draft models with ordinary attention (DFlash): entries of
+// 2*kw floats (K row, then V row; kw = kv_heads * d). kv_store_rows writes one entry per
+// block; gqa_attention is one block per (query row, head) with an online softmax over chunks
+// of blockDim context entries, head h reading group h / group. Dynamic shared memory: d
+// floats (q). Every entry 0..ctx[row] is visible: no causal mask beyond the length.
+extern "C" __global__ void kv_store_rows(float* layer, const float* k, const float* v, const u32* slots, u32 kw) {
+    float* dst = layer + (i64)slots[blockIdx.x] * 2 * kw;
+    const float* ks = k + (i64)blockIdx.x * kw;
+    const float* vs = v + (i64)blockIdx.x * kw;
+    for (u32 j = threadIdx.x; j < kw; j += blockDim.x) {
+        dst[j] = ks[j];
+        dst[kw + j] = vs[j];
+    }
+}
+
+extern "C" __global__ void gqa_attention(const float* layer, const float* q_in, const u32* bt, const u32* bt_off, const u32* ctx, float* out, u32 heads, u32 group, u32 d, u32 kw, u32 page, float scale) {
+    WEFT_DYNAMIC_SHARED(float, q);
+    __shared__ float p[BLOCK];
+    __shared__ float sh[BLOCK];
+    i64 mh = blockIdx.x;
+    u32 row = mh / heads;
+    u32 koff = (u32)(mh % heads) / group * d;
+    for (u32 j = threadIdx.x; j < d; j += blockDim.x) q[j] = q_in[mh * d + j];
+    __syncthreads();
+    const u32* table = bt + bt_off[row];
+    u32 n = ctx[row];
+    float acc = 0.f;
+    float m_run = -WEFT_INF, l_run = 0.f;
+    for (u32 base = 0; base < n; base += blockDim.x) {
+        u32 t = base + threadIdx.x;
+        float sc = -WEFT_INF;
+        if (t < n) {
+            const float* e = layer + ((i64)table[t / page] * page + t % page) * 2 * kw + koff;
+            float s = 0.f;
+            for (u32 j = 0; j < d; j++) s += q[j] * e[j];
+            sc = s * scale;
+        }
+        float m_new = fmaxf(m_run, block_max(sc, sh));
+        float e_sc = (t < n) ? expf(sc - m_new) : 0.f;
+        p[threadIdx.x] = e_sc;
+        float corr = expf(m_run - m_new);
+        l_run = l_run * corr + block_sum(e_sc, sh);
+        __syncthreads();
+        u32 cnt = min((u32)blockDim.x, n - base);
+        if (threadIdx.x < d) {
+            float a = acc * corr;
+            for (u32 i = 0; i < cnt; i++) {
+                u32 tt = base + i;
+                a += p[i] * layer[((i64)table[tt / page] * page + tt % page) * 2 * kw + kw + koff + threadIdx.x];
+            }
+            acc = a;
+        }
+        m_run = m_new;
+        __syncthreads();
+    }
+    if (threadIdx.x < d) out[mh * d + threadIdx.x] = acc / l_run;
+}
+
 // out[tok[i]] += wt[i] * y[i], one block per routed row (rows of one expert hit distinct tokens).
 extern "C" __global__ void scatter_add_weighted(const float* y, const u32* tok, const float* wt, float* out, u32 d) {
     float g = wt[blockIdx.x];

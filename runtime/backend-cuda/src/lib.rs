@@ -29,6 +29,7 @@ mod dummy;
 #[cfg(feature = "hip-mock")]
 mod emu;
 mod gemv;
+mod gqa;
 mod graphs;
 mod mla;
 mod moe;
@@ -86,6 +87,8 @@ pub const KERNELS: &[&str] = &[
     "split_rope_q",
     "store_kv",
     "mla_attention",
+    "kv_store_rows",
+    "gqa_attention",
     "scatter_add_weighted",
     "fill_f32",
     "gemv_bf16_r1_t1",

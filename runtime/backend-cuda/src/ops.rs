@@ -187,7 +187,7 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn len(&self, b: &CudaSlice<f32>) -> usize {
+    pub(crate) fn len(&self, b: &CudaSlice<f32>) -> usize {
         b.len()
     }
 }
@@ -445,6 +445,18 @@ impl Backend for CudaBackend {
         b.arg(&view).arg(q_lat).arg(q_pe).arg(btb).arg(offb).arg(ctxb).arg(&mut out).arg(&h).arg(&lat).arg(&rd).arg(&ps).arg(&scale);
         unsafe { b.launch(cfg(rows.len() * heads, (l.width() * 4) as u32)) }.map_err(dev)?;
         Ok(out)
+    }
+
+    fn kv_store(&self, pool: &mut CudaKvPool, layer: usize, k: &CudaSlice<f32>, v: &CudaSlice<f32>, slots: &[u32]) -> Result<()> {
+        self.gqa_store(pool, layer, k, v, slots)
+    }
+
+    fn gqa_attention(&self, pool: &CudaKvPool, layer: usize, q: &CudaSlice<f32>, heads: usize, kv_heads: usize, rows: &[AttnRow<'_>], scale: f32) -> Result<CudaSlice<f32>> {
+        self.gqa(pool, layer, q, heads, kv_heads, rows, scale)
+    }
+
+    fn concat(&self, parts: &[&CudaSlice<f32>]) -> Result<CudaSlice<f32>> {
+        self.concat_bufs(parts)
     }
 
     fn moe(

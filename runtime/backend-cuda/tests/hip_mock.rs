@@ -190,3 +190,32 @@ fn a_backend_made_on_one_thread_works_on_another() {
     let want = CpuBackend::new().rms_norm(&(0..512).map(|i| i as f32 * 0.01).collect::<Vec<_>>(), 256, &vec![1.0; 256], 1e-6).unwrap();
     check("rms_norm from another thread", &got, &want, 1e-5);
 }
+
+/// Grouped-query attention (DFlash draft layers): K/V rows stored at scattered slots, then 8
+/// query heads over 2 and 8 key/value groups, one row and a bidirectional block of four rows
+/// sharing one context, head dims 16 and 128; `concat` joins buffers.
+#[test]
+fn gqa_attention_and_kv_store_match_cpu() {
+    let (g, c) = (mock(), CpuBackend::new());
+    let mut r = Rng(11);
+    let n: usize = 150;
+    for (kvh, d) in [(2usize, 16usize), (8, 128)] {
+        let layout = KvLayout::gqa(2, n.div_ceil(32) + 1, 32, kvh, d);
+        let (mut pg, mut pc) = (g.alloc_kv_pool(layout).unwrap(), c.alloc_kv_pool(layout).unwrap());
+        let table: Vec<u32> = (0..layout.num_pages as u32).rev().collect();
+        let slots: Vec<u32> = (0..n).map(|t| table[t / 32] * 32 + (t % 32) as u32).collect();
+        let (k, v) = (r.vec(n * kvh * d, 1.0), r.vec(n * kvh * d, 1.0));
+        g.kv_store(&mut pg, 1, &g.upload(&k).unwrap(), &g.upload(&v).unwrap(), &slots).unwrap();
+        c.kv_store(&mut pc, 1, &k, &v, &slots).unwrap();
+        for ctxs in [vec![n], vec![n - 3; 4]] {
+            let rows: Vec<AttnRow<'_>> = ctxs.iter().map(|&c| AttnRow { block_table: &table, ctx_len: c }).collect();
+            let q = r.vec(rows.len() * 8 * d, 0.5);
+            let got = g.download(&g.gqa_attention(&pg, 1, &g.upload(&q).unwrap(), 8, kvh, &rows, 0.25).unwrap()).unwrap();
+            check(&format!("gqa {kvh}x{d}, {} rows", rows.len()), &got, &c.gqa_attention(&pc, 1, &q, 8, kvh, &rows, 0.25).unwrap(), 1e-4);
+        }
+        assert!(g.gqa_attention(&pg, 1, &g.upload(&r.vec(8 * d, 0.5)).unwrap(), 8, 3, &[AttnRow { block_table: &table, ctx_len: 1 }], 0.25).is_err(), "8 heads over 3 groups");
+    }
+    let (a, b) = (r.vec(70, 1.0), r.vec(33, 1.0));
+    let got = g.download(&g.concat(&[&g.upload(&a).unwrap(), &g.upload(&b).unwrap()]).unwrap()).unwrap();
+    assert_eq!(got, [a, b].concat());
+}

@@ -65,6 +65,46 @@ impl KvLayout {
     pub fn bytes_per_page_f32(&self) -> usize {
         self.layers * self.page_size * self.width() * 4
     }
+    /// A pool of ordinary attention's keys and values (`Backend::kv_store`,
+    /// `Backend::gqa_attention`): per layer, per entry, `kv_heads · head_dim` key values then
+    /// as many value values.
+    pub fn gqa(layers: usize, num_pages: usize, page_size: usize, kv_heads: usize, head_dim: usize) -> Self {
+        KvLayout { layers, num_pages, page_size, latent_dim: 2 * kv_heads * head_dim, rope_dim: 0 }
+    }
+}
+
+/// Checks a [`Backend::gqa_attention`] call against its pool; returns the head dimension.
+pub fn check_gqa(pool: KvLayout, layer: usize, q_len: usize, heads: usize, kv_heads: usize, rows: &[AttnRow<'_>]) -> Result<usize> {
+    let bad = |reason: String| BackendError::Shape { op: "gqa_attention", reason };
+    if kv_heads == 0 || heads % kv_heads != 0 || pool.rope_dim != 0 || pool.latent_dim % (2 * kv_heads) != 0 || layer >= pool.layers {
+        return Err(bad(format!("{heads} heads over {kv_heads} key/value heads, layer {layer}, pool {pool:?}")));
+    }
+    let d = pool.latent_dim / (2 * kv_heads);
+    if q_len != rows.len() * heads * d {
+        return Err(bad(format!("{q_len} query values for {} rows x {heads} heads x {d}", rows.len())));
+    }
+    for r in rows {
+        if r.ctx_len == 0 || r.ctx_len.div_ceil(pool.page_size) > r.block_table.len() {
+            return Err(bad(format!("context {} not covered by {} pages", r.ctx_len, r.block_table.len())));
+        }
+        if let Some(p) = r.block_table[..r.ctx_len.div_ceil(pool.page_size)].iter().find(|&&p| p as usize >= pool.num_pages) {
+            return Err(bad(format!("page {p} outside pool")));
+        }
+    }
+    Ok(d)
+}
+
+/// Checks a [`Backend::kv_store`] call against its pool; returns the rows.
+pub fn check_kv_store(pool: KvLayout, layer: usize, k_len: usize, v_len: usize, slots: &[u32]) -> Result<usize> {
+    let kw = pool.latent_dim / 2;
+    let m = slots.len();
+    if pool.rope_dim != 0 || kw == 0 || k_len != m * kw || v_len != m * kw || layer >= pool.layers {
+        return Err(BackendError::Shape { op: "kv_store", reason: format!("{k_len}/{v_len} values for {m} slots of width {kw}, layer {layer}") });
+    }
+    if let Some(bad) = slots.iter().find(|&&s| s as usize >= pool.num_pages * pool.page_size) {
+        return Err(BackendError::Shape { op: "kv_store", reason: format!("slot {bad} outside pool") });
+    }
+    Ok(m)
 }
 
 /// What one query row may attend to: the sequence's pages and the number of cached tokens
@@ -194,6 +234,20 @@ pub trait Backend: Send + Sync + 'static {
     /// `q_pe [m, heads, rope]`; returns `o_lat [m, heads, latent]` (before W_UV).
     #[allow(clippy::too_many_arguments)]
     fn mla_attention(&self, pool: &Self::KvPool, layer: usize, q_lat: &Self::Buf, q_pe: &Self::Buf, heads: usize, rows: &[AttnRow<'_>], scale: f32) -> Result<Self::Buf>;
+
+    // ---- grouped-query attention (draft models with ordinary attention: DFlash) ----
+    /// Stores `k` and `v` (`[m, kv_width]` each) at `slots` of `layer`, in a pool laid out as
+    /// [`KvLayout::gqa`]: each entry is the K row then the V row.
+    fn kv_store(&self, pool: &mut Self::KvPool, layer: usize, k: &Self::Buf, v: &Self::Buf, slots: &[u32]) -> Result<()>;
+    /// Softmax attention of `q [m, heads, head_dim]` over a [`KvLayout::gqa`] pool: query head
+    /// h reads key/value group `h / (heads / kv_heads)`; row i sees the entries `0..ctx_len`
+    /// of its block table, whatever their positions (no causal mask beyond that: a block of
+    /// rows given one `ctx_len` attends bidirectionally). Returns `[m, heads, head_dim]`.
+    #[allow(clippy::too_many_arguments)]
+    fn gqa_attention(&self, pool: &Self::KvPool, layer: usize, q: &Self::Buf, heads: usize, kv_heads: usize, rows: &[AttnRow<'_>], scale: f32) -> Result<Self::Buf>;
+    /// The buffers one after another in a new buffer (one part: a copy that later in-place
+    /// ops on the original do not touch).
+    fn concat(&self, parts: &[&Self::Buf]) -> Result<Self::Buf>;
 
     // ---- MoE ----
     /// Routing (sigmoid scores, bias for selection, group-limited top-k, normalisation,

@@ -9,6 +9,7 @@ mod commit;
 mod draft;
 
 use crate::detok::{Detokenizer, StopMatcher};
+use crate::dflash::DFlashDrafter;
 use crate::draft_model::DraftModel;
 use crate::frontend;
 use crate::kv_pool::PagePool;
@@ -25,6 +26,7 @@ use std::time::Instant;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use weft_backend::front::{self, FrontRow};
 use weft_backend::{AttnRow, Backend};
+use weft_model::dflash::DFlashModel;
 use weft_model::sampling::{top_logprobs, uniform};
 use weft_model::{LoadedModel, StepBatch};
 use weft_plugin_host::{calls, native, Capacity, Decision, FailurePolicy, LoadedPlugin, PluginError, PluginKind, Registry, Running, SamplingPlan, Sequence, Waiting};
@@ -153,9 +155,9 @@ impl Engine {
             None if wants => return Err(PluginError::Host("the `draft-model` drafter needs a draft model".into())),
             _ => {}
         }
-        // Device memory is claimed here, so a pool that does not fit is an error, not a dead loop.
-        let kv =
-            model.model.backend.alloc_kv_pool(model.model.kv_layout(cfg.num_pages, cfg.page_size)).map_err(|e| PluginError::Host(format!("allocating the KV pool ({} pages): {e}", cfg.num_pages)))?;
+        if matches!(cfg.spec, Some(SpecConfig { drafter: spec::DrafterKind::DFlash, .. })) {
+            return Err(PluginError::Host("the `dflash` drafter needs a DFlash draft (Engine::start_with_dflash)".into()));
+        }
         let draft = match draft {
             Some(d) => Some(DraftModel::new(d, cfg.num_pages, cfg.page_size).map_err(PluginError::Host)?),
             None => None,
@@ -165,6 +167,25 @@ impl Engine {
             Some(SpecConfig { drafter: spec::DrafterKind::Mtp, .. }) => Some(MtpDrafter::new(&model.model, cfg.num_pages, cfg.page_size).map_err(PluginError::Host)?),
             _ => None,
         };
+        Self::launch(model, Drafters { model: draft, mtp, dflash: None }, registry, cfg)
+    }
+
+    /// [`Engine::start`] with a DFlash block-diffusion draft for `DrafterKind::DFlash`: the
+    /// target captures the layers the draft reads, the draft's cache gets as many pages as the
+    /// target's.
+    pub fn start_with_dflash<B: Backend>(mut model: LoadedModel<B>, dflash: DFlashModel<B>, registry: Arc<Registry>, cfg: EngineConfig) -> Result<Engine, PluginError> {
+        if !matches!(cfg.spec, Some(SpecConfig { drafter: spec::DrafterKind::DFlash, .. })) {
+            return Err(PluginError::Host("a DFlash draft was given but the drafter is not `dflash`".into()));
+        }
+        model.model.set_capture(&dflash.cfg.target_layer_ids).map_err(|e| PluginError::Host(format!("the DFlash draft's target_layer_ids: {e}")))?;
+        let d = DFlashDrafter::new(&model.model, dflash, cfg.num_pages, cfg.page_size).map_err(PluginError::Host)?;
+        Self::launch(model, Drafters { model: None, mtp: None, dflash: Some(d) }, registry, cfg)
+    }
+
+    fn launch<B: Backend>(model: LoadedModel<B>, drafters: Drafters<B>, registry: Arc<Registry>, cfg: EngineConfig) -> Result<Engine, PluginError> {
+        // Device memory is claimed here, so a pool that does not fit is an error, not a dead loop.
+        let kv =
+            model.model.backend.alloc_kv_pool(model.model.kv_layout(cfg.num_pages, cfg.page_size)).map_err(|e| PluginError::Host(format!("allocating the KV pool ({} pages): {e}", cfg.num_pages)))?;
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(Mutex::new(EngineStats { total_pages: cfg.num_pages, free_pages: cfg.num_pages, spec_drafter: cfg.spec.as_ref().map_or("", |c| c.drafter.name()), ..Default::default() }));
         let vocab = model.model.cfg.vocab_size;
@@ -175,7 +196,7 @@ impl Engine {
         let (s2, r2) = (stats.clone(), registry.clone());
         let handle = std::thread::Builder::new()
             .name("weft-step-loop".into())
-            .spawn(move || StepLoop::new(model, kv, Drafters { model: draft, mtp }, r2, cfg, s2).run(rx))
+            .spawn(move || StepLoop::new(model, kv, drafters, r2, cfg, s2).run(rx))
             .map_err(|e| PluginError::Host(format!("step loop thread: {e}")))?;
         Ok(Engine { tx, stats, next_id: AtomicU64::new(1), registry, vocab, max_context, eos, speculative, start, handle: Mutex::new(Some(handle)) })
     }
@@ -284,7 +305,8 @@ struct StepLoop<B: Backend> {
     eos: Vec<u32>,
     draft_model: Option<DraftModel<B>>,
     mtp: Option<MtpDrafter<B>>,
-    /// The last forward pass's hidden states (kept for the MTP drafter only).
+    dflash: Option<DFlashDrafter<B>>,
+    /// The last forward pass's hidden states (kept for the MTP and DFlash drafters only).
     last_hidden: Option<LastHidden<B>>,
 }
 
@@ -292,6 +314,7 @@ struct StepLoop<B: Backend> {
 struct Drafters<B: Backend> {
     model: Option<DraftModel<B>>,
     mtp: Option<MtpDrafter<B>>,
+    dflash: Option<DFlashDrafter<B>>,
 }
 
 struct Work {
@@ -304,8 +327,8 @@ impl<B: Backend> StepLoop<B> {
     fn new(lm: LoadedModel<B>, kv: B::KvPool, drafters: Drafters<B>, registry: Arc<Registry>, cfg: EngineConfig, stats: Arc<Mutex<EngineStats>>) -> Self {
         let eos = lm.eos_ids();
         let pool = PagePool::new(cfg.num_pages, cfg.page_size);
-        let (draft_model, mtp) = (drafters.model, drafters.mtp);
-        StepLoop { pool, lm, registry, cfg, kv, waiting: VecDeque::new(), running: vec![], stats, counters: EngineStats::default(), eos, draft_model, mtp, last_hidden: None }
+        let Drafters { model: draft_model, mtp, dflash } = drafters;
+        StepLoop { pool, lm, registry, cfg, kv, waiting: VecDeque::new(), running: vec![], stats, counters: EngineStats::default(), eos, draft_model, mtp, dflash, last_hidden: None }
     }
 
     fn run(mut self, rx: mpsc::Receiver<Command>) {
@@ -343,7 +366,7 @@ impl<B: Backend> StepLoop<B> {
             prefix_hit_tokens: self.pool.prefix_hit_tokens,
             prefix_query_tokens: self.pool.prefix_query_tokens,
             spec_drafter: self.cfg.spec.as_ref().map_or("", |c| c.drafter.name()),
-            draft_pages_held: self.draft_model.as_ref().map_or(0, |d| d.pages_held()) + self.mtp.as_ref().map_or(0, |d| d.pages_held()),
+            draft_pages_held: self.draft_model.as_ref().map_or(0, |d| d.pages_held()) + self.mtp.as_ref().map_or(0, |d| d.pages_held()) + self.dflash.as_ref().map_or(0, |d| d.pages_held()),
             steps_recorded: rec.recorded,
             steps_replayed: rec.replayed,
             steps_record_failed: rec.failed,
@@ -358,6 +381,9 @@ impl<B: Backend> StepLoop<B> {
         }
         if let Some(m) = &mut self.mtp {
             m.forget(id);
+        }
+        if let Some(d) = &mut self.dflash {
+            d.forget(id);
         }
     }
 
@@ -599,7 +625,7 @@ impl<B: Backend> StepLoop<B> {
             let h = model.backend.gather_rows(&hidden, model.cfg.hidden_size, &rows).map_err(|e| e.to_string())?;
             Some(model.logits(&h).map_err(|e| e.to_string())?)
         };
-        self.last_hidden = self.mtp.is_some().then(|| {
+        self.last_hidden = (self.mtp.is_some() || self.dflash.is_some()).then(|| {
             let mut row = 0;
             let spans = work
                 .iter()
@@ -608,7 +634,7 @@ impl<B: Backend> StepLoop<B> {
                     (self.running[w.seq].id, (w.start, row - w.n, w.n))
                 })
                 .collect();
-            LastHidden { buf: hidden, spans }
+            LastHidden { buf: hidden, rows: total, spans }
         });
         drop(attn);
         for w in work {

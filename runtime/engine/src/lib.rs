@@ -4,6 +4,7 @@
 //! plugin and sampling through the sampler plugin, one batch call per step.
 
 pub mod detok;
+pub mod dflash;
 pub mod draft_model;
 pub mod engine;
 pub mod frontend;

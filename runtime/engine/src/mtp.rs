@@ -22,7 +22,11 @@ use weft_model::DeepseekV3;
 
 /// The target's hidden states from its last forward pass, and where each sequence's rows are.
 pub struct LastHidden<B: Backend> {
+    /// `[rows, hidden]` final-normed states, then one `[rows, hidden]` block per layer the
+    /// target captures (for the DFlash drafter).
     pub buf: B::Buf,
+    /// Rows of the pass.
+    pub rows: usize,
     /// Sequence id → (first position, first row in `buf`, rows).
     pub spans: HashMap<u64, (usize, usize, usize)>,
 }

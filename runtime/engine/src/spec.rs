@@ -1,5 +1,5 @@
 //! Speculative decoding: which sequences draft, the drafters (the draft model's own cache
-//! lives in `draft_model`, the MTP module's in `mtp`), and the per-sequence bookkeeping
+//! lives in `draft_model`, the MTP module's in `mtp`, the DFlash draft's in `dflash`), and the per-sequence bookkeeping
 //! of a verify step. The engine appends a sequence's drafts to its decode token so the target
 //! scores `[last, d1..dk]` in the same forward pass as everything else; the verifier plugin
 //! (lossless default: greedy prefix match, or chain rejection sampling on complete
@@ -39,6 +39,10 @@ pub enum DrafterKind {
     /// The checkpoint's multi-token-prediction module drafts greedily from the target's hidden
     /// states (`crate::mtp`).
     Mtp,
+    /// A DFlash block-diffusion draft drafts a block greedily in one pass from outputs of
+    /// several target layers (`crate::dflash`); the engine is started with it
+    /// (`Engine::start_with_dflash`).
+    DFlash,
 }
 
 impl DrafterKind {
@@ -48,6 +52,7 @@ impl DrafterKind {
             DrafterKind::Oracle { .. } => "oracle",
             DrafterKind::Model => "draft-model",
             DrafterKind::Mtp => "mtp",
+            DrafterKind::DFlash => "dflash",
         }
     }
 }

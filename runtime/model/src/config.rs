@@ -65,43 +65,43 @@ pub struct ModelConfig {
     pub fp8_block: Option<(usize, usize)>,
 }
 
-fn get<'a>(m: &'a Map<String, Value>, k: &str) -> Option<&'a Value> {
+pub(crate) fn get<'a>(m: &'a Map<String, Value>, k: &str) -> Option<&'a Value> {
     m.get(k).filter(|v| !v.is_null())
 }
 
-fn usize_field(m: &Map<String, Value>, k: &'static str) -> Result<usize> {
+pub(crate) fn usize_field(m: &Map<String, Value>, k: &'static str) -> Result<usize> {
     opt_usize(m, k)?.ok_or(ConfigError::Missing(k))
 }
 
-fn opt_usize(m: &Map<String, Value>, k: &str) -> Result<Option<usize>> {
+pub(crate) fn opt_usize(m: &Map<String, Value>, k: &str) -> Result<Option<usize>> {
     match get(m, k) {
         None => Ok(None),
         Some(v) => v.as_u64().map(|x| Some(x as usize)).ok_or_else(|| ConfigError::Type { field: k.into(), reason: format!("expected a non-negative integer, got {v}") }),
     }
 }
 
-fn f64_field(m: &Map<String, Value>, k: &str, default: Option<f64>) -> Result<f64> {
+pub(crate) fn f64_field(m: &Map<String, Value>, k: &str, default: Option<f64>) -> Result<f64> {
     match get(m, k) {
         None => default.ok_or_else(|| ConfigError::Type { field: k.into(), reason: "missing".into() }),
         Some(v) => v.as_f64().ok_or_else(|| ConfigError::Type { field: k.into(), reason: format!("expected a number, got {v}") }),
     }
 }
 
-fn bool_field(m: &Map<String, Value>, k: &str, default: bool) -> Result<bool> {
+pub(crate) fn bool_field(m: &Map<String, Value>, k: &str, default: bool) -> Result<bool> {
     match get(m, k) {
         None => Ok(default),
         Some(v) => v.as_bool().ok_or_else(|| ConfigError::Type { field: k.into(), reason: format!("expected true/false, got {v}") }),
     }
 }
 
-fn str_field<'a>(m: &'a Map<String, Value>, k: &str) -> Result<Option<&'a str>> {
+pub(crate) fn str_field<'a>(m: &'a Map<String, Value>, k: &str) -> Result<Option<&'a str>> {
     match get(m, k) {
         None => Ok(None),
         Some(v) => v.as_str().map(Some).ok_or_else(|| ConfigError::Type { field: k.into(), reason: format!("expected a string, got {v}") }),
     }
 }
 
-fn unsupported(field: &str, value: impl std::fmt::Display, reason: &str) -> ConfigError {
+pub(crate) fn unsupported(field: &str, value: impl std::fmt::Display, reason: &str) -> ConfigError {
     ConfigError::Unsupported { field: field.into(), value: value.to_string(), reason: reason.into() }
 }
 
@@ -282,42 +282,46 @@ impl ModelConfig {
     /// Inverse frequencies (f32, as the reference computes them) and the cos/sin attention
     /// factor.
     pub fn rope_inv_freq(&self) -> (Vec<f32>, f32) {
-        let dim = self.qk_rope_head_dim;
-        let base = self.rope_theta;
-        // pos_freqs in f32 as torch does: base ** (arange(0, dim, 2).float() / dim)
-        let pos_freqs: Vec<f32> = (0..dim / 2).map(|i| (base as f32).powf((2 * i) as f32 / dim as f32)).collect();
-        match &self.rope_scaling {
-            RopeScaling::None => (pos_freqs.iter().map(|p| 1.0 / p).collect(), 1.0),
-            RopeScaling::Linear { factor } => (pos_freqs.iter().map(|p| 1.0 / p / *factor as f32).collect(), 1.0),
-            RopeScaling::Yarn { factor, original_max_position_embeddings, beta_fast, beta_slow, mscale, mscale_all_dim, attention_factor, truncate } => {
-                let af = attention_factor.unwrap_or_else(|| {
-                    // As the reference: both present and non-zero → their ratio.
-                    if let (Some(m), Some(a)) = (mscale.filter(|x| *x != 0.0), mscale_all_dim.filter(|x| *x != 0.0)) {
-                        yarn_mscale(*factor, m) / yarn_mscale(*factor, a)
-                    } else {
-                        yarn_mscale(*factor, 1.0)
-                    }
-                });
-                let corr = |rot: f64| (dim as f64 * ((*original_max_position_embeddings as f64) / (rot * 2.0 * std::f64::consts::PI)).ln()) / (2.0 * base.ln());
-                let (mut low, mut high) = (corr(*beta_fast), corr(*beta_slow));
-                if *truncate {
-                    low = low.floor();
-                    high = high.ceil();
+        rope_inv_freq(self.qk_rope_head_dim, self.rope_theta, &self.rope_scaling)
+    }
+}
+
+/// RoPE inverse frequencies over `dim` rotated dimensions and the attention factor (1 unless
+/// YaRN), from the base `theta` and the configured scaling, in f32 as transformers computes them.
+pub fn rope_inv_freq(dim: usize, theta: f64, scaling: &RopeScaling) -> (Vec<f32>, f32) {
+    // pos_freqs in f32 as torch does: base ** (arange(0, dim, 2).float() / dim)
+    let pos_freqs: Vec<f32> = (0..dim / 2).map(|i| (theta as f32).powf((2 * i) as f32 / dim as f32)).collect();
+    match scaling {
+        RopeScaling::None => (pos_freqs.iter().map(|p| 1.0 / p).collect(), 1.0),
+        RopeScaling::Linear { factor } => (pos_freqs.iter().map(|p| 1.0 / p / *factor as f32).collect(), 1.0),
+        RopeScaling::Yarn { factor, original_max_position_embeddings, beta_fast, beta_slow, mscale, mscale_all_dim, attention_factor, truncate } => {
+            let af = attention_factor.unwrap_or_else(|| {
+                // As the reference: both present and non-zero → their ratio.
+                if let (Some(m), Some(a)) = (mscale.filter(|x| *x != 0.0), mscale_all_dim.filter(|x| *x != 0.0)) {
+                    yarn_mscale(*factor, m) / yarn_mscale(*factor, a)
+                } else {
+                    yarn_mscale(*factor, 1.0)
                 }
-                let low = low.max(0.0);
-                let high = high.min(dim as f64 - 1.0);
-                let high = if low == high { high + 0.001 } else { high };
-                let inv: Vec<f32> = (0..dim / 2)
-                    .map(|i| {
-                        let ramp = (((i as f32) - low as f32) / (high as f32 - low as f32)).clamp(0.0, 1.0);
-                        let extrap_factor = 1.0 - ramp;
-                        let extrap = 1.0 / pos_freqs[i];
-                        let interp = 1.0 / (*factor as f32 * pos_freqs[i]);
-                        interp * (1.0 - extrap_factor) + extrap * extrap_factor
-                    })
-                    .collect();
-                (inv, af as f32)
+            });
+            let corr = |rot: f64| (dim as f64 * ((*original_max_position_embeddings as f64) / (rot * 2.0 * std::f64::consts::PI)).ln()) / (2.0 * theta.ln());
+            let (mut low, mut high) = (corr(*beta_fast), corr(*beta_slow));
+            if *truncate {
+                low = low.floor();
+                high = high.ceil();
             }
+            let low = low.max(0.0);
+            let high = high.min(dim as f64 - 1.0);
+            let high = if low == high { high + 0.001 } else { high };
+            let inv: Vec<f32> = (0..dim / 2)
+                .map(|i| {
+                    let ramp = (((i as f32) - low as f32) / (high as f32 - low as f32)).clamp(0.0, 1.0);
+                    let extrap_factor = 1.0 - ramp;
+                    let extrap = 1.0 / pos_freqs[i];
+                    let interp = 1.0 / (*factor as f32 * pos_freqs[i]);
+                    interp * (1.0 - extrap_factor) + extrap * extrap_factor
+                })
+                .collect();
+            (inv, af as f32)
         }
     }
 }
@@ -331,7 +335,7 @@ pub fn yarn_mscale(scale: f64, m: f64) -> f64 {
     }
 }
 
-fn parse_rope(m: &Map<String, Value>, max_pos: usize) -> Result<(f64, RopeScaling)> {
+pub(crate) fn parse_rope(m: &Map<String, Value>, max_pos: usize) -> Result<(f64, RopeScaling)> {
     // v5 style: rope_parameters { rope_type, rope_theta, factor, ... }; v4 style: rope_theta +
     // rope_scaling { type | rope_type, factor, ... }.
     let (field, params) = match (get(m, "rope_parameters"), get(m, "rope_scaling")) {

@@ -17,6 +17,9 @@ pub struct DeepseekV3<B: Backend> {
     rope: RopeParams,
     router: RouterConfig,
     scale: f32,
+    /// Decoder layers whose outputs [`Self::forward_hidden`] also returns (a DFlash drafter's
+    /// context features), in order.
+    capture: Vec<usize>,
 }
 
 impl<B: Backend> DeepseekV3<B> {
@@ -32,7 +35,7 @@ impl<B: Backend> DeepseekV3<B> {
             routed_scaling_factor: cfg.routed_scaling_factor as f32,
         };
         let scale = cfg.softmax_scale() as f32;
-        DeepseekV3 { cfg, weights, backend, rope, router, scale }
+        DeepseekV3 { cfg, weights, backend, rope, router, scale, capture: vec![] }
     }
 
     /// The latent pool layout for `num_pages` pages of `page_size` tokens.
@@ -40,11 +43,28 @@ impl<B: Backend> DeepseekV3<B> {
         KvLayout { layers: self.cfg.num_hidden_layers, num_pages, page_size, latent_dim: self.cfg.kv_lora_rank, rope_dim: self.cfg.qk_rope_head_dim }
     }
 
+    /// Makes [`Self::forward_hidden`] also return the outputs of decoder `layers` — what
+    /// transformers calls `hidden_states[layer + 1]`: the residual stream after the layer,
+    /// final-normed for the last layer. Errors on a layer the model does not have.
+    pub fn set_capture(&mut self, layers: &[usize]) -> std::result::Result<(), String> {
+        if let Some(&bad) = layers.iter().find(|&&l| l >= self.cfg.num_hidden_layers) {
+            return Err(format!("layer {bad} of a {}-layer model", self.cfg.num_hidden_layers));
+        }
+        self.capture = layers.to_vec();
+        Ok(())
+    }
+
+    /// The layers [`Self::forward_hidden`] captures.
+    pub fn captured_layers(&self) -> &[usize] {
+        &self.capture
+    }
+
     /// Runs the decoder over `batch`, writing every token's latent into `pool`, and returns
-    /// the final-normed hidden states `[tokens, hidden]`. The backend may replay a recorded
+    /// the final-normed hidden states `[tokens, hidden]`, followed by one `[tokens, hidden]`
+    /// block per captured layer ([`Self::set_capture`]). The backend may replay a recorded
     /// step of the same shape instead of issuing each op ([`Backend::run_step`]).
     pub fn forward_hidden(&self, pool: &mut B::KvPool, batch: &StepBatch<'_>) -> Result<B::Buf> {
-        let out_len = batch.tokens.len() * self.cfg.hidden_size;
+        let out_len = batch.tokens.len() * self.cfg.hidden_size * (1 + self.capture.len());
         self.backend.run_step(pool, batch, out_len, &mut |pool| self.forward_ops(pool, batch))
     }
 
@@ -56,6 +76,8 @@ impl<B: Backend> DeepseekV3<B> {
         let h = c.hidden_size;
         let mut residual = be.embed(&self.weights.embed, batch.tokens)?;
         let mut delta: Option<B::Buf> = None;
+        let last = self.weights.layers.len().saturating_sub(1);
+        let mut captured: Vec<(usize, B::Buf)> = vec![];
         for (i, lw) in self.weights.layers.iter().enumerate() {
             let x = match &delta {
                 None => be.rms_norm(&residual, h, &lw.input_layernorm, eps)?,
@@ -63,12 +85,25 @@ impl<B: Backend> DeepseekV3<B> {
             };
             let attn = self.attention(i, lw, &x, pool, batch)?;
             let x = be.add_rms_norm(&mut residual, &attn, h, &lw.post_attention_layernorm, eps)?;
-            delta = Some(self.feed_forward(lw, &x)?);
+            let d = self.feed_forward(lw, &x)?;
+            if i != last && self.capture.contains(&i) {
+                // The layer's output materialised (the next norm then has no delta to add).
+                be.add_inplace(&mut residual, &d)?;
+                captured.push((i, be.concat(&[&residual])?));
+                delta = None;
+            } else {
+                delta = Some(d);
+            }
         }
-        match &delta {
-            Some(d) => be.add_rms_norm(&mut residual, d, h, &self.weights.norm, eps),
-            None => be.rms_norm(&residual, h, &self.weights.norm, eps),
+        let out = match &delta {
+            Some(d) => be.add_rms_norm(&mut residual, d, h, &self.weights.norm, eps)?,
+            None => be.rms_norm(&residual, h, &self.weights.norm, eps)?,
+        };
+        if self.capture.is_empty() {
+            return Ok(out);
         }
+        let parts: Vec<&B::Buf> = std::iter::once(&out).chain(self.capture.iter().map(|l| captured.iter().find(|c| c.0 == *l).map_or(&out, |c| &c.1))).collect();
+        be.concat(&parts)
     }
 
     /// `[rows, vocab]` logits of final-normed hidden states.

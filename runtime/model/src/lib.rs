@@ -4,6 +4,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod dflash;
 pub mod generate;
 pub mod graph;
 pub mod sampling;

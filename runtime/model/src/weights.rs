@@ -172,7 +172,7 @@ impl<'a, B: Backend> Loader<'a, B> {
 
 /// Stacks two matrices of equal width row-wise, keeping the checkpoint format when both share
 /// a dtype and (for fp8) the first ends on a block boundary; otherwise in f32.
-fn stack_rows(name: &str, a: &HostMatrix<'_>, b: &HostMatrix<'_>) -> Result<HostMatrix<'static>> {
+pub(crate) fn stack_rows(name: &str, a: &HostMatrix<'_>, b: &HostMatrix<'_>) -> Result<HostMatrix<'static>> {
     a.validate()?;
     b.validate()?;
     let same = a.dtype == b.dtype && a.cols == b.cols;

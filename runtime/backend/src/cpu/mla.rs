@@ -24,6 +24,11 @@ pub(crate) fn split_rope_q(q: &[f32], heads: usize, nope: usize, rd: usize, posi
     let m = positions.len();
     let mut q_nope = vec![0f32; m * heads * nope];
     let mut q_pe = vec![0f32; m * heads * rd];
+    if nope == 0 {
+        // Rope over whole heads (ordinary attention: DFlash draft layers).
+        q_pe.par_chunks_mut(rd.max(1)).enumerate().for_each(|(mh, qp)| rope_into(&q[mh * rd..(mh + 1) * rd], positions[mh / heads], rope, qp));
+        return (q_nope, q_pe);
+    }
     q_nope.par_chunks_mut(nope).zip(q_pe.par_chunks_mut(rd)).enumerate().for_each(|(mh, (qn, qp))| {
         let src = &q[mh * (nope + rd)..(mh + 1) * (nope + rd)];
         qn.copy_from_slice(&src[..nope]);

@@ -2,6 +2,7 @@
 //! Correct first; every GPU kernel is checked against it.
 
 mod gemm;
+mod gqa;
 mod mla;
 mod moe;
 
@@ -221,6 +222,23 @@ impl Backend for CpuBackend {
         }
         let stride = pool.layer_stride();
         Ok(mla::attention(&pool.data[layer * stride..(layer + 1) * stride], l, q_lat, q_pe, heads, rows, scale))
+    }
+
+    fn kv_store(&self, pool: &mut CpuKvPool, layer: usize, k: &Vec<f32>, v: &Vec<f32>, slots: &[u32]) -> Result<()> {
+        crate::check_kv_store(pool.layout, layer, k.len(), v.len(), slots)?;
+        let stride = pool.layer_stride();
+        gqa::store(&mut pool.data[layer * stride..(layer + 1) * stride], pool.layout, k, v, slots);
+        Ok(())
+    }
+
+    fn gqa_attention(&self, pool: &CpuKvPool, layer: usize, q: &Vec<f32>, heads: usize, kv_heads: usize, rows: &[AttnRow<'_>], scale: f32) -> Result<Vec<f32>> {
+        crate::check_gqa(pool.layout, layer, q.len(), heads, kv_heads, rows)?;
+        let stride = pool.layer_stride();
+        Ok(gqa::attention(&pool.data[layer * stride..(layer + 1) * stride], pool.layout, q, heads, kv_heads, rows, scale))
+    }
+
+    fn concat(&self, parts: &[&Vec<f32>]) -> Result<Vec<f32>> {
+        Ok(parts.iter().flat_map(|p| p.iter().copied()).collect())
     }
 
     fn moe(&self, x: &Vec<f32>, gate_logits: &Vec<f32>, bias: &Vec<f32>, cfg: &RouterConfig, experts: &[ExpertWeights<CpuMatrix>], shared: Option<&Vec<f32>>) -> Result<Vec<f32>> {

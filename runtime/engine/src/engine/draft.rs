@@ -1,8 +1,9 @@
 //! The start of a step: drafts for every speculating sequence — prompt lookup and the oracle
-//! here, the draft model and the MTP module through their own caches (the MTP module also
-//! catches up on the last step's hidden states for sequences that do not draft this step).
+//! here, the draft model, the MTP module and the DFlash draft through their own caches (the
+//! last two also catch up on the last step's hidden states for sequences that do not draft).
 
 use super::StepLoop;
+use crate::dflash::DFlashRequest;
 use crate::draft_model::DraftRequest;
 use crate::mtp::MtpRequest;
 use crate::spec;
@@ -18,7 +19,8 @@ impl<B: Backend> StepLoop<B> {
         let decoding = self.running.iter().filter(|s| s.tokens.len() - s.computed == 1).count();
         let too_busy = cfg.max_batch > 0 && decoding > cfg.max_batch;
         let mut wanted: Vec<(usize, usize)> = vec![]; // (running index, k) for the draft model or MTP
-        let mtp = cfg.drafter == spec::DrafterKind::Mtp;
+                                                      // Drafters fed by the target's hidden states catch up on every step, drafting or not.
+        let mtp = matches!(cfg.drafter, spec::DrafterKind::Mtp | spec::DrafterKind::DFlash);
         for (i, s) in self.running.iter_mut().enumerate() {
             s.spec.drafts.clear();
             if too_busy || !s.speculates || s.tokens.len() - s.computed > self.cfg.token_budget {
@@ -38,7 +40,7 @@ impl<B: Backend> StepLoop<B> {
                     }
                     vec![]
                 }
-                spec::DrafterKind::Mtp => {
+                spec::DrafterKind::Mtp | spec::DrafterKind::DFlash => {
                     wanted.push((i, k));
                     vec![]
                 }
@@ -47,6 +49,14 @@ impl<B: Backend> StepLoop<B> {
         if let Some(m) = &mut self.mtp {
             let reqs: Vec<MtpRequest> = wanted.iter().map(|&(i, k)| MtpRequest { id: self.running[i].id, tokens: &self.running[i].tokens, k }).collect();
             let drafts = m.draft(&self.lm.model, self.last_hidden.as_ref(), &reqs);
+            for (&(i, _), d) in wanted.iter().zip(drafts) {
+                self.running[i].spec.drafts = d;
+            }
+            return;
+        }
+        if let Some(d) = &mut self.dflash {
+            let reqs: Vec<DFlashRequest> = wanted.iter().map(|&(i, k)| DFlashRequest { id: self.running[i].id, tokens: &self.running[i].tokens, k }).collect();
+            let drafts = d.draft(&self.lm.model, self.last_hidden.as_ref(), &reqs);
             for (&(i, _), d) in wanted.iter().zip(drafts) {
                 self.running[i].spec.drafts = d;
             }
