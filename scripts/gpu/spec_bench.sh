@@ -4,11 +4,16 @@
 #   equal  — greedy output with and without speculation (prompt lookup; on the demo model also
 #            its draft model, on Moonlight + MTP layer the MTP drafter), demo model and Moonlight
 #            dummy (EQUAL_MODELS="demo moon kimi" adds the fp8 Kimi-K2 slice), compared
-#            token for token over the HTTP API (the CPU tests check the same on the CPU backend);
+#            token for token over the HTTP API (the CPU tests check the same on the CPU backend;
+#            EQUAL_MODES="off dflash" picks the modes);
 #   off    — Moonlight-shaped dummy (bf16), no speculation, random and repeated-block prompts;
 #   ngram  — the same with prompt lookup (--speculative ngram, adaptive, 4 drafts);
 #   oracle — the oracle instrument at acceptance 0.5/0.7/0.9 (4 drafts, fixed length): real
 #            verify passes with synthetic verdicts, the speed of a drafter of that acceptance;
+#   dflash — the DFlash drafter on Moonlight's shape with the dummy DFlash draft
+#            (models/dummy/dflash-moonlight: 5 layers, block 16, weights synthesized): random
+#            weights accept ~nothing, so with a fixed draft length (15 and 4) this prices a
+#            DFlash block + verification, the cost a real draft's acceptance has to pay back;
 #   mtp    — the MTP drafter on Moonlight's shape with one MTP layer added to the config
 #            ($MOON_MTP, weights synthesized like the rest): random weights accept ~nothing, so
 #            with a fixed draft length (1 and 2) this prices MTP drafting + verification, the
@@ -48,11 +53,13 @@ echo "== greedy with and without speculation (CUDA)"
 for model in ${EQUAL_MODELS:-demo moon}; do
     args=(); [ $model = moon ] && args=(--model $MOON_MTP --load-format dummy)
     [ $model = kimi ] && args=(--model models/dummy/kimi-k2-slice --load-format dummy)
-    modes="off ngram mtp"; [ $model = demo ] && modes="off ngram draft"; [ $model = kimi ] && modes="off ngram"
+    modes="off ngram mtp dflash"; [ $model = demo ] && modes="off ngram draft"; [ $model = kimi ] && modes="off ngram"
+    modes=${EQUAL_MODES:-$modes}
     for mode in $modes; do
         sargs=(); [ $mode = ngram ] && sargs=(--speculative ngram --num-draft-tokens 4)
         [ $mode = mtp ] && sargs=(--speculative mtp --num-draft-tokens 2 --fixed-draft-length)
         [ $mode = draft ] && sargs=(--speculative draft-model --draft-model models/demo-draft --num-draft-tokens 4)
+        [ $mode = dflash ] && sargs=(--speculative dflash --draft-model models/dummy/dflash-moonlight --num-draft-tokens 15 --fixed-draft-length)
         start 8020 "$OUT/equal-$model-$mode.log" "${args[@]}" "${sargs[@]}" || continue
         python3 - "$model" "$mode" "$OUT" <<'EOF'
 import json, sys, urllib.request, random
@@ -78,7 +85,7 @@ import json, sys
 model, out = sys.argv[1:]
 import os
 a = json.load(open(f"{out}/equal-{model}-off.json"))
-for m in ("ngram", "draft", "mtp"):
+for m in ("ngram", "draft", "mtp", "dflash"):
     if not os.path.exists(f"{out}/equal-{model}-{m}.json"):
         continue
     b = json.load(open(f"{out}/equal-{model}-{m}.json"))
@@ -125,6 +132,15 @@ echo "== Moonlight dummy + 1 MTP layer, MTP drafter, adaptive (up to 2 drafts)"
 start 8024 "$OUT/serve-mtp-adaptive.log" --model $MOON_MTP --load-format dummy --speculative mtp --num-draft-tokens 2 && {
     bench 8024 "mtp-adaptive"
     stop; } 2>&1 | tee "$OUT/spec-mtp-adaptive.md"
+fi
+
+if [[ " $STEPS " == *" dflash "* ]]; then
+for k in ${DFLASH_K:-15 4}; do
+    echo "== Moonlight dummy + dummy DFlash draft (5 layers, block 16), $k draft(s) per step, fixed length"
+    start 8025 "$OUT/serve-dflash-$k.log" --model $MOON --load-format dummy --speculative dflash --draft-model models/dummy/dflash-moonlight --num-draft-tokens $k --fixed-draft-length && {
+        bench 8025 "dflash-$k"
+        stop; } 2>&1 | tee "$OUT/spec-dflash-$k.md"
+done
 fi
 
 # The device machine returns at most 8 files from its $OUT: with PACK_TO set (run with OUT

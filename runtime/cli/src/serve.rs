@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use weft_backend::Backend;
 use weft_engine::{DrafterKind, Engine, EngineConfig, SpecConfig};
+use weft_model::dflash::DFlashModel;
 use weft_model::tokenizer::TextTokenizer;
 use weft_model::{LoadOptions, LoadedModel};
 use weft_plugin_host::{Registry, SandboxLimits};
@@ -75,7 +76,8 @@ pub struct ServeArgs {
     load_format: String,
     /// Speculative decoding drafter: `ngram` (prompt lookup), `draft-model` (--draft-model DIR, a
     /// small model with the same vocabulary), `mtp` (the checkpoint's multi-token-prediction
-    /// module, DeepSeek-V3's `num_nextn_predict_layers`), or `oracle` (a benchmark
+    /// module, DeepSeek-V3's `num_nextn_predict_layers`), `dflash` (--draft-model DIR, a DFlash
+    /// block-diffusion draft for this target; drafts at most its block size − 1), or `oracle` (a benchmark
     /// instrument: each draft accepted with probability --oracle-acceptance at the real cost of
     /// verification; its text is not the model's output). Off when not given.
     #[arg(long)]
@@ -92,8 +94,8 @@ pub struct ServeArgs {
     /// while acceptance stays low).
     #[arg(long)]
     fixed_draft_length: bool,
-    /// The draft model's checkpoint directory (with --load-format dummy: its config, weights
-    /// synthesized).
+    /// The draft model's or DFlash draft's checkpoint directory (with --load-format dummy: its
+    /// config, weights synthesized).
     #[arg(long)]
     draft_model: Option<PathBuf>,
     /// No drafting in steps where more than this many sequences decode (0: no limit).
@@ -145,11 +147,15 @@ fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String, second: impl FnOnc
                 max_batch: a.speculative_disable_batch,
             })
         }
-        Some(name @ ("draft-model" | "mtp")) => {
+        Some(name @ ("draft-model" | "mtp" | "dflash")) => {
             if a.num_draft_tokens == 0 || a.num_draft_tokens > 64 {
                 bail!("--num-draft-tokens must be in 1..=64");
             }
-            let drafter = if name == "mtp" { DrafterKind::Mtp } else { DrafterKind::Model };
+            let drafter = match name {
+                "mtp" => DrafterKind::Mtp,
+                "dflash" => DrafterKind::DFlash,
+                _ => DrafterKind::Model,
+            };
             Some(SpecConfig { drafter, num_draft_tokens: a.num_draft_tokens, adaptive: !a.fixed_draft_length, max_batch: a.speculative_disable_batch })
         }
         Some("oracle") => {
@@ -163,7 +169,7 @@ fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String, second: impl FnOnc
                 max_batch: a.speculative_disable_batch,
             })
         }
-        Some(other) => bail!("--speculative {other:?}: the drafters are `ngram`, `draft-model`, `mtp` and `oracle` (a benchmark instrument), or `off`"),
+        Some(other) => bail!("--speculative {other:?}: the drafters are `ngram`, `draft-model`, `mtp`, `dflash` and `oracle` (a benchmark instrument), or `off`"),
     };
     let draft = match (&spec, &a.draft_model) {
         (Some(SpecConfig { drafter: DrafterKind::Model, .. }), Some(d)) => {
@@ -176,7 +182,20 @@ fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String, second: impl FnOnc
             Some(lm)
         }
         (Some(SpecConfig { drafter: DrafterKind::Model, .. }), None) => bail!("--speculative draft-model needs --draft-model DIR"),
-        (_, Some(_)) => bail!("--draft-model is only used with --speculative draft-model"),
+        (Some(SpecConfig { drafter: DrafterKind::DFlash, .. }), _) => None,
+        (_, Some(_)) => bail!("--draft-model is only used with --speculative draft-model or dflash"),
+        _ => None,
+    };
+    // A DFlash draft runs on the target's backend (it uses the target's embedding and head).
+    let dflash = match (&spec, &a.draft_model) {
+        (Some(SpecConfig { drafter: DrafterKind::DFlash, .. }), Some(d)) => Some(
+            match a.load_format.as_str() {
+                "dummy" => DFlashModel::open_dummy(d, &lm.model.backend, &lm.model.cfg),
+                _ => DFlashModel::open(d, &lm.model.backend, &lm.model.cfg),
+            }
+            .with_context(|| format!("loading the DFlash draft from {}", d.display()))?,
+        ),
+        (Some(SpecConfig { drafter: DrafterKind::DFlash, .. }), None) => bail!("--speculative dflash needs --draft-model DIR (a DFlash draft checkpoint)"),
         _ => None,
     };
     let num_pages = match (a.num_pages, a.kv_memory_fraction) {
@@ -188,7 +207,9 @@ fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String, second: impl FnOnc
             }
             let (free, total) = lm.model.backend.memory_info().with_context(|| format!("--kv-memory-fraction: the {} backend cannot report its memory; use --num-pages", lm.model.backend.name()))?;
             // A draft model's cache gets as many pages as the target's.
-            let per_page = lm.model.kv_layout(1, a.page_size).bytes_per_page_f32() + draft.as_ref().map_or(0, |d| d.model.kv_layout(1, a.page_size).bytes_per_page_f32());
+            let per_page = lm.model.kv_layout(1, a.page_size).bytes_per_page_f32()
+                + draft.as_ref().map_or(0, |d| d.model.kv_layout(1, a.page_size).bytes_per_page_f32())
+                + dflash.as_ref().map_or(0, |d| d.kv_layout(1, a.page_size).bytes_per_page_f32());
             let budget = (total as f64 * f) as i64 - (total - free) as i64;
             let n = budget.max(0) as usize / per_page;
             if n == 0 {
@@ -214,7 +235,10 @@ fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String, second: impl FnOnc
         registry.watch_dir(pd.clone(), Duration::from_secs(2));
     }
     let cfg = EngineConfig { num_pages, page_size: a.page_size, token_budget: a.token_budget, max_sequences: a.max_sequences, spec };
-    let engine = Arc::new(Engine::start_with_draft(lm, draft, registry, cfg)?);
+    let engine = Arc::new(match dflash {
+        Some(d) => Engine::start_with_dflash(lm, d, registry, cfg)?,
+        None => Engine::start_with_draft(lm, draft, registry, cfg)?,
+    });
     let server_cfg = ServerConfig { model_name: name.clone(), max_body_bytes: a.max_body_bytes, admin_token: a.admin_token.clone().filter(|t| !t.is_empty()), ..Default::default() };
     let admin = if server_cfg.admin_token.is_some() { "on" } else { "off (set --admin-token)" };
     let state = Arc::new(AppState::new(engine.clone(), tokenizer, defaults, server_cfg));

@@ -42,13 +42,14 @@ pub struct DFlashConfig {
     pub target_layer_ids: Vec<usize>,
 }
 
-/// z-lab's default choice of target layers for `draft_layers` draft layers.
+/// z-lab's default choice of target layers for `draft_layers` draft layers (Python's `round`:
+/// halves to even).
 pub fn default_target_layer_ids(target_layers: usize, draft_layers: usize) -> Vec<usize> {
     if draft_layers == 1 {
         return vec![target_layers / 2];
     }
     let (start, end) = (1.0, target_layers as f64 - 3.0);
-    (0..draft_layers).map(|i| (start + i as f64 * (end - start) / (draft_layers - 1) as f64).round() as usize).collect()
+    (0..draft_layers).map(|i| (start + i as f64 * (end - start) / (draft_layers - 1) as f64).round_ties_even() as usize).collect()
 }
 
 impl DFlashConfig {

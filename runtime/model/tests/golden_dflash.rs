@@ -141,3 +141,16 @@ fn bad_dflash_configs_are_refused_naming_the_field() {
     let _ = std::fs::remove_dir_all(&tmp);
     assert!(err.contains("fc.weight") || err.contains("safetensors"), "{err}");
 }
+
+/// z-lab's default target layers (Python rounding: 12.5 → 12), and the bundled dummy draft for
+/// the Moonlight-shaped target parses against it.
+#[test]
+fn default_target_layers_and_the_moonlight_dummy_draft() {
+    assert_eq!(weft_model::dflash::default_target_layer_ids(27, 5), [1, 7, 12, 18, 24]);
+    assert_eq!(weft_model::dflash::default_target_layer_ids(36, 5), [1, 9, 17, 25, 33]);
+    assert_eq!(weft_model::dflash::default_target_layer_ids(36, 1), [18]);
+    let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/dummy");
+    let target = weft_model::ModelConfig::from_file(&models.join("moonlight-16b-a3b/config.json")).unwrap();
+    let d = DFlashConfig::from_file(&models.join("dflash-moonlight/config.json"), &target).unwrap();
+    assert_eq!((d.block_size, d.head_dim, &d.target_layer_ids[..]), (16, 128, &[1usize, 7, 12, 18, 24][..]));
+}
