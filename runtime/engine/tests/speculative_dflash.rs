@@ -6,13 +6,15 @@
 //! adaptive draft lengths, several sequences per step, a prompt that starts from another's
 //! cached pages — with every page of both caches back when the engine is idle; with the
 //! reference's own prompts and a full block of drafts per step the engine accepts exactly the
-//! drafts the reference accepted.
+//! drafts the reference accepted; sampled output with DFlash drafts keeps the target
+//! distribution (a chi-square test at fixed seeds on the token where a draft was verified).
 
 mod common;
 use common::{collect, wait_idle};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use weft_backend::cpu::CpuBackend;
+use weft_engine::Event;
 use weft_engine::{DrafterKind, Engine, EngineConfig, GenerationRequest, SpecConfig};
 use weft_model::dflash::DFlashModel;
 use weft_model::LoadedModel;
@@ -154,4 +156,113 @@ fn dflash_drafter_is_started_with_its_draft() {
     let lm = LoadedModel::open(&golden().join("v3-qlora-yarn-groups"), CpuBackend::new()).unwrap();
     let err = Engine::start(lm, registry, EngineConfig { spec: dflash(4, false), ..Default::default() }).err().expect("refused");
     assert!(err.to_string().contains("DFlash"), "{err}");
+}
+
+/// The raw (temperature 1, no edits) log-probabilities of every token after `prompt`.
+fn raw_logprobs(prompt: &[u32]) -> Vec<(u32, f64)> {
+    let engine = engine(EngineConfig { num_pages: 16, page_size: 16, token_budget: 256, max_sequences: 4, spec: None });
+    let mut r = request(prompt, 1, 0);
+    r.params = SamplingParams { temperature: 1.0, ..weft_plugin_host::neutral_params(0) };
+    r.logprobs = Some(320);
+    let (_, mut rx) = engine.submit(r).unwrap();
+    match rx.blocking_recv().expect("an event") {
+        Event::Token { top_logprobs, .. } => top_logprobs.expect("log-probabilities"),
+        e => panic!("{e:?}"),
+    }
+}
+
+/// Sampling with DFlash drafts: the second generated token, where the first draft is verified,
+/// follows the target distribution. The prompt is the reference's first; its first block
+/// (context = the prompt, block token A = the greedy first token) drafted d. Logit biases
+/// make A the first token about half the time and give d probability 0.4 after it, so the
+/// verifier both accepts and rejects; samples whose first token is A are tested against the
+/// target's distribution after `prompt + [A]` (biased, tempered and truncated as the sampler
+/// does).
+#[test]
+fn sampled_dflash_speculation_keeps_the_target_distribution() {
+    let reference: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(golden().join("dflash-v3/dflash_reference.json")).unwrap()).unwrap();
+    let case = &reference["cases"][0];
+    let prompt = ids(&case["prompt_ids"]);
+    let a = ids(&case["output_ids"])[prompt.len()];
+    let block = &case["blocks"][0];
+    assert_eq!(block["start"].as_u64().unwrap() as usize, prompt.len());
+    let d = block["drafts"][0].as_u64().unwrap() as u32;
+    assert_ne!(a, d, "the fixture's first draft differs from its block token");
+    let (all1, all2) = (raw_logprobs(&prompt), raw_logprobs(&[prompt.clone(), vec![a]].concat()));
+    let lp = |all: &[(u32, f64)], t: u32| all.iter().find(|x| x.0 == t).unwrap().1;
+    let b_a = (lp(&all1, a).exp().recip() - 1.0).ln(); // p(A) = 1/2 at the first position
+    let others: f64 = all2.iter().filter(|x| x.0 != d).map(|x| (x.1 + if x.0 == a { b_a } else { 0.0 }).exp()).sum();
+    let b_d = (0.4 / 0.6 * others).ln() - lp(&all2, d); // p(d | A) = 0.4
+    let target = |params: &SamplingParams| -> Vec<f64> {
+        let mut l = vec![f32::NEG_INFINITY; 320];
+        for &(t, x) in &all2 {
+            let bias = if t == a {
+                b_a
+            } else if t == d {
+                b_d
+            } else {
+                0.0
+            };
+            l[t as usize] = ((x + bias) / params.temperature as f64) as f32;
+        }
+        let (order, w, _) = weft_plugin_host::native::kept_weights(params, &l);
+        let z: f64 = w.iter().sum();
+        let mut p = vec![0.0f64; 320];
+        for (&t, &x) in order.iter().zip(&w) {
+            p[t as usize] = x / z;
+        }
+        p
+    };
+    const N: usize = 4000;
+    let plain = SamplingParams { temperature: 1.0, logit_bias: vec![(a, b_a as f32), (d, b_d as f32)], ..weft_plugin_host::neutral_params(0) };
+    let truncated = SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.9, ..plain.clone() };
+    for (name, params) in [("temperature 1", &plain), ("temperature 0.8, top-k 40, top-p 0.9", &truncated)] {
+        let engine = engine(EngineConfig { num_pages: 512, page_size: 16, token_budget: 2048, max_sequences: 64, spec: dflash(1, false) });
+        let mut rxs: Vec<_> = (0..N as u64)
+            .map(|s| {
+                let mut r = request(&prompt, 3, 1000 + s);
+                r.params = params.clone();
+                engine.submit(r).unwrap().1
+            })
+            .collect();
+        let outs: Vec<Vec<u32>> = rxs.iter_mut().map(|rx| collect(rx).0).collect();
+        wait_idle(&engine);
+        let stats = engine.stats();
+        assert_eq!(stats.free_pages, stats.total_pages);
+        assert_eq!(stats.draft_pages_held, 0);
+        let p = target(params);
+        let after_a: Vec<u32> = outs.iter().filter(|o| o[0] == a).map(|o| o[1]).collect();
+        let n = after_a.len();
+        assert!(n > N / 4, "{name}: the first token should be A about half the time: {n} of {N}");
+        assert!(stats.spec_drafted as usize >= N, "{name}: every request verifies a draft at its second token: {stats:?}");
+        let mut counts = vec![0usize; 320];
+        for &t in &after_a {
+            counts[t as usize] += 1;
+        }
+        let (mut chi2, mut df, mut rest_obs, mut rest_exp) = (0.0, 0usize, 0.0, 0.0);
+        for (o, q) in counts.iter().zip(&p) {
+            let e = q * n as f64;
+            if e >= 5.0 {
+                chi2 += (*o as f64 - e).powi(2) / e;
+                df += 1;
+            } else {
+                rest_obs += *o as f64;
+                rest_exp += e;
+            }
+        }
+        if rest_exp >= 1.0 {
+            chi2 += (rest_obs - rest_exp).powi(2) / rest_exp;
+            df += 1;
+        }
+        let k = (df - 1) as f64;
+        let limit = k * (1.0 - 2.0 / (9.0 * k) + 3.09 * (2.0 / (9.0 * k)).sqrt()).powi(3);
+        eprintln!(
+            "{name}: {n} samples after A; chi-square {chi2:.1} over {df} bins (99.9% limit {limit:.1}); draft {d}: target p {:.3}, observed {:.3}; {:.0}% of all drafts accepted",
+            p[d as usize],
+            counts[d as usize] as f64 / n as f64,
+            100.0 * stats.spec_accepted as f64 / stats.spec_drafted.max(1) as f64
+        );
+        assert!(chi2 < limit, "{name}: DFlash speculative samples do not follow the target distribution");
+        assert!(counts[d as usize] > n / 5, "{name}: the draft should be kept about 40% of the time after A");
+    }
 }
