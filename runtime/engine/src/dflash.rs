@@ -65,11 +65,6 @@ impl<B: Backend> DFlashDrafter<B> {
         Ok(DFlashDrafter { model, kv, pool: PagePool::new(num_pages, page_size), seqs: HashMap::new() })
     }
 
-    /// Drafts per block at most (`block_size − 1`).
-    pub fn max_drafts(&self) -> usize {
-        self.model.cfg.block_size - 1
-    }
-
     pub fn pages_held(&self) -> usize {
         self.pool.capacity() - self.pool.free_pages()
     }

@@ -172,22 +172,7 @@ fn check_distribution(got: &[(Vec<u32>, String, String)], stats: &weft_engine::E
     for (ids, _, _) in got {
         counts[ids[0] as usize] += 1;
     }
-    // Chi-square over tokens with an expected count of at least 5, the rest merged into one bin.
-    let (mut chi2, mut df, mut rest_obs, mut rest_exp) = (0.0, 0usize, 0.0, 0.0);
-    for (o, q) in counts.iter().zip(p) {
-        let e = q * n as f64;
-        if e >= 5.0 {
-            chi2 += (*o as f64 - e).powi(2) / e;
-            df += 1;
-        } else {
-            rest_obs += *o as f64;
-            rest_exp += e;
-        }
-    }
-    if rest_exp >= 1.0 {
-        chi2 += (rest_obs - rest_exp).powi(2) / rest_exp;
-        df += 1;
-    }
+    let (chi2, df, limit) = common::chi_square(&counts, p, n);
     let accepted = stats.spec_accepted as f64 / stats.spec_drafted as f64;
     eprintln!(
         "chi-square {chi2:.1} over {df} bins; draft {draft} target p {:.3}, observed {:.3}; {:.0}% of drafts accepted",
@@ -195,9 +180,6 @@ fn check_distribution(got: &[(Vec<u32>, String, String)], stats: &weft_engine::E
         counts[draft as usize] as f64 / n as f64,
         100.0 * accepted
     );
-    // The 99.9th percentile of chi-square with df - 1 degrees of freedom (Wilson-Hilferty).
-    let k = (df - 1) as f64;
-    let limit = k * (1.0 - 2.0 / (9.0 * k) + 3.09 * (2.0 / (9.0 * k)).sqrt()).powi(3);
     assert!(chi2 < limit, "speculative samples do not follow the target distribution: chi2 {chi2:.1} over {df} bins (limit {limit:.1})");
     assert!(acceptance.contains(&accepted), "the draft (p ~0.4) should be accepted about that often: {accepted}");
 }

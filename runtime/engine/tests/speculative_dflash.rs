@@ -239,23 +239,7 @@ fn sampled_dflash_speculation_keeps_the_target_distribution() {
         for &t in &after_a {
             counts[t as usize] += 1;
         }
-        let (mut chi2, mut df, mut rest_obs, mut rest_exp) = (0.0, 0usize, 0.0, 0.0);
-        for (o, q) in counts.iter().zip(&p) {
-            let e = q * n as f64;
-            if e >= 5.0 {
-                chi2 += (*o as f64 - e).powi(2) / e;
-                df += 1;
-            } else {
-                rest_obs += *o as f64;
-                rest_exp += e;
-            }
-        }
-        if rest_exp >= 1.0 {
-            chi2 += (rest_obs - rest_exp).powi(2) / rest_exp;
-            df += 1;
-        }
-        let k = (df - 1) as f64;
-        let limit = k * (1.0 - 2.0 / (9.0 * k) + 3.09 * (2.0 / (9.0 * k)).sqrt()).powi(3);
+        let (chi2, df, limit) = common::chi_square(&counts, &p, n);
         eprintln!(
             "{name}: {n} samples after A; chi-square {chi2:.1} over {df} bins (99.9% limit {limit:.1}); draft {d}: target p {:.3}, observed {:.3}; {:.0}% of all drafts accepted",
             p[d as usize],

@@ -36,3 +36,26 @@ pub fn wait_idle(engine: &Engine) {
     }
     panic!("engine did not go idle: {:?}", engine.stats());
 }
+
+/// Pearson's chi-square of `counts` (n samples) against the distribution `p`, over tokens
+/// expected at least 5 times (the rest merged into one bin): (chi2, bins, the 99.9th
+/// percentile of chi-square with bins − 1 degrees of freedom by Wilson-Hilferty).
+pub fn chi_square(counts: &[usize], p: &[f64], n: usize) -> (f64, usize, f64) {
+    let (mut chi2, mut df, mut rest_obs, mut rest_exp) = (0.0, 0usize, 0.0, 0.0);
+    for (o, q) in counts.iter().zip(p) {
+        let e = q * n as f64;
+        if e >= 5.0 {
+            chi2 += (*o as f64 - e).powi(2) / e;
+            df += 1;
+        } else {
+            rest_obs += *o as f64;
+            rest_exp += e;
+        }
+    }
+    if rest_exp >= 1.0 {
+        chi2 += (rest_obs - rest_exp).powi(2) / rest_exp;
+        df += 1;
+    }
+    let k = (df - 1) as f64;
+    (chi2, df, k * (1.0 - 2.0 / (9.0 * k) + 3.09 * (2.0 / (9.0 * k)).sqrt()).powi(3))
+}
