@@ -10,13 +10,13 @@ __device__ __forceinline__ float dummy_value(unsigned long long h, unsigned long
     return (float)(z >> 40) / 16777216.0f * 2.0f - 1.0f;
 }
 
-extern "C" __global__ void dummy_bf16(u16* out, i64 n, unsigned long long h, float scale) {
+extern "C" __global__ void dummy_bf16(u16* out, i64 n, unsigned long long h, float scale) { WEFT_PDL_ENTRY();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
         out[i] = f32_to_bf16(__fmul_rn(dummy_value(h, (unsigned long long)i), scale));
 }
 
 // e4m3 codes of uniform values in [-448, 448]; the matrix's block scales carry the magnitude.
-extern "C" __global__ void dummy_fp8(unsigned char* out, i64 n, unsigned long long h) {
+extern "C" __global__ void dummy_fp8(unsigned char* out, i64 n, unsigned long long h) { WEFT_PDL_ENTRY();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
         out[i] = (unsigned char)f32_to_fp8(__fmul_rn(dummy_value(h, (unsigned long long)i), 448.f));
 }

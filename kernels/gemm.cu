@@ -9,7 +9,7 @@ __device__ __forceinline__ float gemm_load(const void* p, i64 i, int bf16) {
     return bf16 ? bf16_to_f32(((const u16*)p)[i]) : ((const float*)p)[i];
 }
 
-extern "C" __global__ void gemm_strided(int ta, int tb, int bf16, u32 m, u32 n, u32 k, float alpha, const void* a, u32 lda, i64 sa, const void* b, u32 ldb, i64 sb, float beta, float* c, u32 ldc, i64 sc) {
+extern "C" __global__ void gemm_strided(int ta, int tb, int bf16, u32 m, u32 n, u32 k, float alpha, const void* a, u32 lda, i64 sa, const void* b, u32 ldb, i64 sb, float beta, float* c, u32 ldc, i64 sc) { WEFT_PDL_ENTRY();
     __shared__ float as[GEMM_T][GEMM_T + 1], bs[GEMM_T][GEMM_T + 1];
     const u32 tx = threadIdx.x % GEMM_T, ty = threadIdx.x / GEMM_T;
     const u32 i = blockIdx.x * GEMM_T + tx, j = blockIdx.y * GEMM_T + ty;

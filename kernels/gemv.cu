@@ -89,12 +89,27 @@ __device__ __forceinline__ void rows_dot(WeightRef W, const u32* rix, u32 nr, u3
             if (t < (int)nt) acc[q][t] = warp_sum(acc[q][t]);
 }
 
+// Rows [r0, r0 + n) of W (clipped to `rows`) towards L2, at most WEFT_PREFETCH_MAX bytes; only
+// when the range is whole 16-byte units (the bulk prefetch's granule).
+template <int KIND>
+__device__ __forceinline__ void prefetch_rows(WeightRef W, u32 r0, u32 n, u32 rows, u32 cols) {
+    if (r0 >= rows) return;
+    u64 row_bytes = (u64)cols * (KIND == WK_FP8 ? 1 : KIND == WK_F32 ? 4 : 2);
+    u64 bytes = (u64)min(n, rows - r0) * row_bytes;
+    const unsigned char* p = (const unsigned char*)W.w + (u64)r0 * row_bytes;
+    if (bytes % 16 == 0 && ((u64)p) % 16 == 0) weft_prefetch_l2(p, (u32)min(bytes, (u64)WEFT_PREFETCH_MAX));
+}
+
 // out[i, r] = W[r, :] · x[i, g(r)] for i < m; rows are grouped `group_rows` per group (heads of
 // a per-head linear), group g reads columns g*cols.. of x rows `xstride` wide. Each sub-group
 // takes R consecutive rows of one group (the host picks R dividing group_rows).
 template <int KIND, int R, int T>
 __device__ void gemv_body(WeightRef W, const float* x, float* out, u32 m, u32 rows, u32 cols, u32 group_rows, u32 xstride) {
     u32 warps = blockDim.x / WEFT_WARP;
+    // This block's rows are one contiguous range of the (static) weights: on their way to L2
+    // while the previous kernel finishes.
+    if (threadIdx.x == 0) prefetch_rows<KIND>(W, blockIdx.x * warps * R, warps * R, rows, cols);
+    WEFT_PDL_ENTRY();
     u32 r0 = (blockIdx.x * warps + threadIdx.x / WEFT_WARP) * R;
     if (r0 >= rows) return;
     u32 nr = min((u32)R, rows - r0);
@@ -139,6 +154,11 @@ GEMV_ENTRY(4, 8)
 template <int KIND, int T>
 __device__ void gemv_gated_body(WeightRef W, const float* x, float* out, u32 m, u32 inter, u32 cols) {
     u32 warps = blockDim.x / WEFT_WARP;
+    if (threadIdx.x == 0) {
+        prefetch_rows<KIND>(W, blockIdx.x * warps, warps, inter, cols);
+        prefetch_rows<KIND>(W, inter + blockIdx.x * warps, warps, 2 * inter, cols);
+    }
+    WEFT_PDL_ENTRY();
     u32 r = blockIdx.x * warps + threadIdx.x / WEFT_WARP;
     if (r >= inter) return;
     u32 rix[2] = {r, inter + r};
@@ -177,7 +197,7 @@ extern "C" __global__ void gemv_f32_t8(const float* w, const float* x, float* ou
 }
 
 // fp8 block-scaled weights to bf16 (for the tensor-core GEMM of large batches).
-extern "C" __global__ void dequant_fp8_bf16(const unsigned char* w, const float* sc, u32 sc_cols, u32 br, u32 bc, u16* out, u32 rows, u32 cols) {
+extern "C" __global__ void dequant_fp8_bf16(const unsigned char* w, const float* sc, u32 sc_cols, u32 br, u32 bc, u16* out, u32 rows, u32 cols) { WEFT_PDL_ENTRY();
     i64 n = (i64)rows * cols;
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
         u32 r = (u32)(i / cols), c = (u32)(i % cols);

@@ -12,7 +12,7 @@
 // Rows are read as float4 (latent and rope widths are multiples of 4, checked by the host); the
 // kv row stride w + 4 puts consecutive tokens 4 banks apart, so the 8 lanes of a quarter-warp
 // that read 8 tokens' float4s at one column touch 32 distinct banks.
-extern "C" __global__ void mla_decode(const float* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) {
+extern "C" __global__ void mla_decode(const float* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) { WEFT_PDL_ENTRY();
     WEFT_DYNAMIC_SHARED(float, smem);
     u32 w = latent + rd, wp = w + 4, w4 = w / 4, l4 = latent / 4;
     u32 row = blockIdx.x / groups, grp = blockIdx.x % groups;
@@ -161,7 +161,7 @@ extern "C" __global__ void mla_decode(const float* layer, const float* q_lat, co
 // exp(m_s - M) / L are computed once, in parallel, into shared memory (dynamic: blockDim.x
 // floats of reduction scratch, then nsplit weights); each output dim then sums independent
 // loads over the splits.
-extern "C" __global__ void mla_combine(const float* o_part, const float* ml_part, float* out, u32 nsplit, u32 latent) {
+extern "C" __global__ void mla_combine(const float* o_part, const float* ml_part, float* out, u32 nsplit, u32 latent) { WEFT_PDL_ENTRY();
     WEFT_DYNAMIC_SHARED(float, smem);
     float* red = smem;
     float* wsh = smem + blockDim.x;

@@ -232,19 +232,19 @@ __device__ void moe_mma_body(ExpertTable T, const u32* plan, u32 maxa, const flo
     }
 }
 
-extern "C" __global__ void moe_gate_up_bf16_mma(const u64* w, const u32* plan, u32 maxa, const float* x, float* h, u32 k, u32 hidden, u32 inter) {
+extern "C" __global__ void moe_gate_up_bf16_mma(const u64* w, const u32* plan, u32 maxa, const float* x, float* h, u32 k, u32 hidden, u32 inter) { WEFT_PDL_ENTRY();
     ExpertTable Tb = {w, w, 0, 1, 1};
     moe_mma_body<0, 0>(Tb, plan, maxa, x, h, k, hidden, inter);
 }
-extern "C" __global__ void moe_gate_up_fp8_mma(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, const float* x, float* h, u32 k, u32 hidden, u32 inter) {
+extern "C" __global__ void moe_gate_up_fp8_mma(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, const float* x, float* h, u32 k, u32 hidden, u32 inter) { WEFT_PDL_ENTRY();
     ExpertTable Tb = {w, sc, sc_cols, br, bc};
     moe_mma_body<1, 0>(Tb, plan, maxa, x, h, k, hidden, inter);
 }
-extern "C" __global__ void moe_down_bf16_mma(const u64* w, const u32* plan, u32 maxa, const float* h, float* y, u32 hidden, u32 inter) {
+extern "C" __global__ void moe_down_bf16_mma(const u64* w, const u32* plan, u32 maxa, const float* h, float* y, u32 hidden, u32 inter) { WEFT_PDL_ENTRY();
     ExpertTable Tb = {w, w, 0, 1, 1};
     moe_mma_body<0, 1>(Tb, plan, maxa, h, y, 0, hidden, inter);
 }
-extern "C" __global__ void moe_down_fp8_mma(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, const float* h, float* y, u32 hidden, u32 inter) {
+extern "C" __global__ void moe_down_fp8_mma(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, const float* h, float* y, u32 hidden, u32 inter) { WEFT_PDL_ENTRY();
     ExpertTable Tb = {w, sc, sc_cols, br, bc};
     moe_mma_body<1, 1>(Tb, plan, maxa, h, y, 0, hidden, inter);
 }
@@ -306,19 +306,19 @@ __device__ void gemv_mma_body(WeightRef W, const float* x, float* out, u32 m, u3
 
 // N: activation rows per pass = 8·N (N = 1, 2, 4; the host picks the smallest covering m).
 #define GEMV_MMA_ENTRY(N)                                                                                               \
-    extern "C" __global__ void gemv_mma_bf16_n##N(const u16* w, const float* x, float* out, u32 m, u32 rows, u32 cols, u32 group_rows, u32 xstride) { \
+    extern "C" __global__ void gemv_mma_bf16_n##N(const u16* w, const float* x, float* out, u32 m, u32 rows, u32 cols, u32 group_rows, u32 xstride) { WEFT_PDL_ENTRY(); \
         WeightRef W = {w, 0, 0, 1, 1};                                                                                  \
         gemv_mma_body<0, N, 0>(W, x, out, m, rows, cols, group_rows, xstride);                                             \
     }                                                                                                                   \
-    extern "C" __global__ void gemv_mma_fp8_n##N(const unsigned char* w, const float* sc, u32 sc_cols, u32 br, u32 bc, const float* x, float* out, u32 m, u32 rows, u32 cols, u32 group_rows, u32 xstride) { \
+    extern "C" __global__ void gemv_mma_fp8_n##N(const unsigned char* w, const float* sc, u32 sc_cols, u32 br, u32 bc, const float* x, float* out, u32 m, u32 rows, u32 cols, u32 group_rows, u32 xstride) { WEFT_PDL_ENTRY(); \
         WeightRef W = {w, sc, sc_cols, br, bc};                                                                         \
         gemv_mma_body<1, N, 0>(W, x, out, m, rows, cols, group_rows, xstride);                                             \
     }                                                                                                                   \
-    extern "C" __global__ void gemv_gated_mma_bf16_n##N(const u16* w, const float* x, float* out, u32 m, u32 inter, u32 cols) { \
+    extern "C" __global__ void gemv_gated_mma_bf16_n##N(const u16* w, const float* x, float* out, u32 m, u32 inter, u32 cols) { WEFT_PDL_ENTRY(); \
         WeightRef W = {w, 0, 0, 1, 1};                                                                                  \
         gemv_mma_body<0, N, 1>(W, x, out, m, inter, cols, inter, cols);                                                           \
     }                                                                                                                   \
-    extern "C" __global__ void gemv_gated_mma_fp8_n##N(const unsigned char* w, const float* sc, u32 sc_cols, u32 br, u32 bc, const float* x, float* out, u32 m, u32 inter, u32 cols) { \
+    extern "C" __global__ void gemv_gated_mma_fp8_n##N(const unsigned char* w, const float* sc, u32 sc_cols, u32 br, u32 bc, const float* x, float* out, u32 m, u32 inter, u32 cols) { WEFT_PDL_ENTRY(); \
         WeightRef W = {w, sc, sc_cols, br, bc};                                                                         \
         gemv_mma_body<1, N, 1>(W, x, out, m, inter, cols, inter, cols);                                                           \
     }

@@ -10,35 +10,12 @@
 // (v, i) beats (w, j) when larger, ties to the lower index (the CPU reference's order).
 __device__ __forceinline__ bool beats(float v, int i, float w, int j) { return v > w || (v == w && i < j); }
 
-// Index of the best `choice[e]` among e not `taken`, over the block. Every thread gets it.
-__device__ int block_argmax(const float* choice, const unsigned char* taken, u32 n, float* sv, int* si) {
-    float bv = -WEFT_INF;
-    int bi = 0x7fffffff;
-    for (u32 e = threadIdx.x; e < n; e += blockDim.x)
-        if (!taken[e] && beats(choice[e], (int)e, bv, bi)) { bv = choice[e]; bi = (int)e; }
-    sv[threadIdx.x] = bv;
-    si[threadIdx.x] = bi;
-    __syncthreads();
-    for (u32 s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s && beats(sv[threadIdx.x + s], si[threadIdx.x + s], sv[threadIdx.x], si[threadIdx.x])) {
-            sv[threadIdx.x] = sv[threadIdx.x + s];
-            si[threadIdx.x] = si[threadIdx.x + s];
-        }
-        __syncthreads();
-    }
-    int r = si[0];
-    __syncthreads();
-    return r;
-}
-
 // Block blockIdx.x routes its token: ids[t*k + j], w[t*k + j] for the k selected experts.
 __device__ void route_token(const float* logits, const float* bias, u32 E, u32 K, u32 n_group, u32 topk_group, int norm, float scaling, u32* ids, float* wts) {
     __shared__ float score[MOE_MAX_EXPERTS], choice[MOE_MAX_EXPERTS];
     __shared__ unsigned char taken[MOE_MAX_EXPERTS];
     __shared__ float gscore[MOE_MAX_GROUPS];
     __shared__ unsigned char gtaken[MOE_MAX_GROUPS];
-    __shared__ float sv[BLOCK];
-    __shared__ int si[BLOCK];
     __shared__ int sel[64];
     const float* l = logits + (i64)blockIdx.x * E;
     for (u32 e = threadIdx.x; e < E; e += blockDim.x) {
@@ -74,19 +51,32 @@ __device__ void route_token(const float* logits, const float* bias, u32 E, u32 K
             if (!gtaken[e / gsize]) choice[e] = -WEFT_INF;
         __syncthreads();
     }
-    for (u32 j = 0; j < K; j++) {
-        int b = block_argmax(choice, taken, E, sv, si);
-        if (threadIdx.x == 0) {
+    // The K picks by the first sub-group alone: each lane keeps its strided share's best free
+    // expert, a butterfly finds the best of the lanes; no block barrier per pick.
+    if (threadIdx.x < WEFT_WARP) {
+        for (u32 j = 0; j < K; j++) {
+            float bv = -WEFT_INF;
+            int bi = 0x7fffffff;
+            for (u32 e = threadIdx.x; e < E; e += WEFT_WARP)
+                if (!taken[e] && beats(choice[e], (int)e, bv, bi)) { bv = choice[e]; bi = (int)e; }
+            for (int o = WEFT_WARP / 2; o > 0; o >>= 1) {
+                float ov = lane_xor(bv, o);
+                int oi = lane_xor_int(bi, o);
+                if (beats(ov, oi, bv, bi)) { bv = ov; bi = oi; }
+            }
+            int b = bi;
             // NaN scores compare false everywhere: fall back to the first free expert rather
             // than an out-of-range id (NaN activations are a bug upstream, not a crash here).
             if (b < 0 || (u32)b >= E)
                 for (u32 e = 0; e < E; e++)
                     if (!taken[e]) { b = (int)e; break; }
-            sel[j] = b;
+            // Every lane marks it: a lane reads back only the entries it scans, so its own
+            // store is the one it needs to see (no sub-group barrier).
             taken[b] = 1;
+            if (threadIdx.x == 0) sel[j] = b;
         }
-        __syncthreads();
     }
+    __syncthreads();
     if (threadIdx.x == 0) {
         float d = 0.f;
         for (u32 j = 0; j < K; j++) d += score[sel[j]];
@@ -131,7 +121,7 @@ __device__ void plan_experts(const volatile u32* ids, u32 n, u32 E, u32 maxa, u3
 
 // Routing and the plan in one launch: one block per token routes it; the last block to finish
 // (a device-wide counter, reset by that block for the next launch) makes the plan.
-extern "C" __global__ void moe_route_plan(const float* logits, const float* bias, u32 E, u32 K, u32 n_group, u32 topk_group, int norm, float scaling, u32* ids, float* wts, u32 maxa, u32* plan, u32* counter) {
+extern "C" __global__ void moe_route_plan(const float* logits, const float* bias, u32 E, u32 K, u32 n_group, u32 topk_group, int norm, float scaling, u32* ids, float* wts, u32 maxa, u32* plan, u32* counter) { WEFT_PDL_ENTRY();
     __shared__ bool last;
     route_token(logits, bias, E, K, n_group, topk_group, norm, scaling, ids, wts);
     __threadfence();
@@ -209,19 +199,19 @@ __device__ void moe_down_body(ExpertTable T, const u32* plan, u32 maxa, const fl
 
 // NT: entries per pass (1 when every active expert serves one entry: a single decoding token).
 #define MOE_ENTRY(T)                                                                                                    \
-    extern "C" __global__ void moe_gate_up_bf16_t##T(const u64* w, const u32* plan, u32 maxa, const float* x, float* h, u32 k, u32 hidden, u32 inter) { \
+    extern "C" __global__ void moe_gate_up_bf16_t##T(const u64* w, const u32* plan, u32 maxa, const float* x, float* h, u32 k, u32 hidden, u32 inter) { WEFT_PDL_ENTRY(); \
         ExpertTable Tb = {w, w, 0, 1, 1};                                                                               \
         moe_gate_up_body<0, T>(Tb, plan, maxa, x, h, k, hidden, inter);                                                 \
     }                                                                                                                   \
-    extern "C" __global__ void moe_gate_up_fp8_t##T(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, const float* x, float* h, u32 k, u32 hidden, u32 inter) { \
+    extern "C" __global__ void moe_gate_up_fp8_t##T(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, const float* x, float* h, u32 k, u32 hidden, u32 inter) { WEFT_PDL_ENTRY(); \
         ExpertTable Tb = {w, sc, sc_cols, br, bc};                                                                      \
         moe_gate_up_body<1, T>(Tb, plan, maxa, x, h, k, hidden, inter);                                                 \
     }                                                                                                                   \
-    extern "C" __global__ void moe_down_bf16_t##T(const u64* w, const u32* plan, u32 maxa, const float* h, float* y, u32 hidden, u32 inter) { \
+    extern "C" __global__ void moe_down_bf16_t##T(const u64* w, const u32* plan, u32 maxa, const float* h, float* y, u32 hidden, u32 inter) { WEFT_PDL_ENTRY(); \
         ExpertTable Tb = {w, w, 0, 1, 1};                                                                               \
         moe_down_body<0, T>(Tb, plan, maxa, h, y, hidden, inter);                                                       \
     }                                                                                                                   \
-    extern "C" __global__ void moe_down_fp8_t##T(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, const float* h, float* y, u32 hidden, u32 inter) { \
+    extern "C" __global__ void moe_down_fp8_t##T(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, const float* h, float* y, u32 hidden, u32 inter) { WEFT_PDL_ENTRY(); \
         ExpertTable Tb = {w, sc, sc_cols, br, bc};                                                                      \
         moe_down_body<1, T>(Tb, plan, maxa, h, y, hidden, inter);                                                       \
     }
@@ -229,13 +219,15 @@ MOE_ENTRY(1)
 MOE_ENTRY(8)
 
 // out[t, :] = sum_j w[t*k + j] * y[t*k + j, :], slots summed in order (deterministic), then
-// + add[t, :] (the shared experts' output) when has_add.
-extern "C" __global__ void moe_combine(const float* __restrict__ y, const float* __restrict__ wts, const float* __restrict__ add, int has_add, float* __restrict__ out, u32 k, u32 hidden) {
-    i64 t = blockIdx.x;
-    for (u32 d = threadIdx.x; d < hidden; d += blockDim.x) {
-        float s = 0.f;
-        for (u32 j = 0; j < k; j++) s += wts[t * k + j] * y[(t * k + j) * hidden + d];
-        if (has_add) s += add[t * hidden + d];
-        out[t * hidden + d] = s;
-    }
+// + add[t, :] (the shared experts' output) when has_add. Block b covers token b / chunks and
+// blockDim dims of it: a single token spreads over hidden / blockDim blocks.
+extern "C" __global__ void moe_combine(const float* __restrict__ y, const float* __restrict__ wts, const float* __restrict__ add, int has_add, float* __restrict__ out, u32 k, u32 hidden) { WEFT_PDL_ENTRY();
+    u32 chunks = (hidden + blockDim.x - 1) / blockDim.x;
+    i64 t = blockIdx.x / chunks;
+    u32 d = (blockIdx.x % chunks) * blockDim.x + threadIdx.x;
+    if (d >= hidden) return;
+    float s = 0.f;
+    for (u32 j = 0; j < k; j++) s += wts[t * k + j] * y[(t * k + j) * hidden + d];
+    if (has_add) s += add[t * hidden + d];
+    out[t * hidden + d] = s;
 }

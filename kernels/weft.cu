@@ -3,13 +3,13 @@
 // Block size is a power of two (BLOCK) for the reductions.
 #define BLOCK 256
 
-extern "C" __global__ void cast_f32_bf16(const float* x, u16* y, i64 n) {
+extern "C" __global__ void cast_f32_bf16(const float* x, u16* y, i64 n) { WEFT_PDL_ENTRY();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) y[i] = f32_to_bf16(x[i]);
 }
 
 // x as two bf16 arrays, its rounding hi and the rounding's error lo (hi + lo: 16 mantissa bits),
 // for GEMMs whose products should track f32 activations (two passes, the second adding).
-extern "C" __global__ void cast_f32_bf16_split(const float* x, u16* hi, u16* lo, i64 n) {
+extern "C" __global__ void cast_f32_bf16_split(const float* x, u16* hi, u16* lo, i64 n) { WEFT_PDL_ENTRY();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
         u16 h = f32_to_bf16(x[i]);
         hi[i] = h;
@@ -17,12 +17,12 @@ extern "C" __global__ void cast_f32_bf16_split(const float* x, u16* hi, u16* lo,
     }
 }
 
-extern "C" __global__ void embed_bf16(const u16* table, const u32* ids, float* out, u32 d) {
+extern "C" __global__ void embed_bf16(const u16* table, const u32* ids, float* out, u32 d) { WEFT_PDL_ENTRY();
     const u16* row = table + (i64)ids[blockIdx.x] * d;
     for (u32 j = threadIdx.x; j < d; j += blockDim.x) out[(i64)blockIdx.x * d + j] = bf16_to_f32(row[j]);
 }
 
-extern "C" __global__ void gather_rows(const float* x, const u32* rows, float* out, u32 d) {
+extern "C" __global__ void gather_rows(const float* x, const u32* rows, float* out, u32 d) { WEFT_PDL_ENTRY();
     for (u32 j = threadIdx.x; j < d; j += blockDim.x) out[(i64)blockIdx.x * d + j] = x[(i64)rows[blockIdx.x] * d + j];
 }
 
@@ -82,14 +82,14 @@ __device__ void rms_row_regs(const float* src, const float* delta, float* res, c
     }
 }
 
-extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, u32 dim, float eps) {
+extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, u32 dim, float eps) { WEFT_PDL_ENTRY();
     __shared__ float sh[BLOCK];
     i64 o = (i64)blockIdx.x * dim;
     if (dim <= RMS_REGS * blockDim.x) rms_row_regs<false>(x + o, 0, 0, w, out + o, dim, eps, sh);
     else rms_row(x + o, w, out + o, dim, eps, sh);
 }
 
-extern "C" __global__ void add_rms_norm(float* res, const float* delta, const float* w, float* out, u32 dim, float eps) {
+extern "C" __global__ void add_rms_norm(float* res, const float* delta, const float* w, float* out, u32 dim, float eps) { WEFT_PDL_ENTRY();
     __shared__ float sh[BLOCK];
     i64 o = (i64)blockIdx.x * dim;
     if (dim <= RMS_REGS * blockDim.x) {
@@ -101,11 +101,11 @@ extern "C" __global__ void add_rms_norm(float* res, const float* delta, const fl
     rms_row(res + o, w, out + o, dim, eps, sh);
 }
 
-extern "C" __global__ void add_inplace(float* x, const float* y, i64 n) {
+extern "C" __global__ void add_inplace(float* x, const float* y, i64 n) { WEFT_PDL_ENTRY();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) x[i] += y[i];
 }
 
-extern "C" __global__ void silu_mul(const float* __restrict__ gu, float* __restrict__ out, u32 inter) {
+extern "C" __global__ void silu_mul(const float* __restrict__ gu, float* __restrict__ out, u32 inter) { WEFT_PDL_ENTRY();
     const float* g = gu + (i64)blockIdx.x * 2 * inter;
     for (u32 j = threadIdx.x; j < inter; j += blockDim.x) {
         float a = g[j];
@@ -127,7 +127,7 @@ __device__ void rope_into(const float* x, u32 pos, const float* inv_freq, u32 rd
 }
 
 // One block per (row, head): q [m, heads, nope + rd] -> q_nope [m, heads, nope], q_pe [m, heads, rd].
-extern "C" __global__ void split_rope_q(const float* q, float* q_nope, float* q_pe, const u32* pos, const float* inv_freq, u32 heads, u32 nope, u32 rd, float attn_factor, int interleaved) {
+extern "C" __global__ void split_rope_q(const float* q, float* q_nope, float* q_pe, const u32* pos, const float* inv_freq, u32 heads, u32 nope, u32 rd, float attn_factor, int interleaved) { WEFT_PDL_ENTRY();
     i64 mh = blockIdx.x;
     const float* src = q + mh * (nope + rd);
     for (u32 j = threadIdx.x; j < nope; j += blockDim.x) q_nope[mh * nope + j] = src[j];
@@ -135,7 +135,7 @@ extern "C" __global__ void split_rope_q(const float* q, float* q_nope, float* q_
 }
 
 // One block per token: RMSNorm the latent, rope the shared key, store both at its slot.
-extern "C" __global__ void store_kv(float* layer, const float* kv_a, const float* norm_w, const u32* pos, const u32* slots, const float* inv_freq, u32 latent, u32 rd, float eps, float attn_factor, int interleaved) {
+extern "C" __global__ void store_kv(float* layer, const float* kv_a, const float* norm_w, const u32* pos, const u32* slots, const float* inv_freq, u32 latent, u32 rd, float eps, float attn_factor, int interleaved) { WEFT_PDL_ENTRY();
     __shared__ float sh[BLOCK];
     u32 w = latent + rd;
     const float* row = kv_a + (i64)blockIdx.x * w;
@@ -147,7 +147,7 @@ extern "C" __global__ void store_kv(float* layer, const float* kv_a, const float
 // Absorbed MLA attention over the paged latent pool, one block per (query row, head), online
 // softmax over chunks of BLOCK context tokens. Dynamic shared memory: latent + rd floats (q).
 // bt: concatenated block tables, bt_off[row] its start; ctx[row] the visible context.
-extern "C" __global__ void mla_attention(const float* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* out, u32 heads, u32 latent, u32 rd, u32 page, float scale) {
+extern "C" __global__ void mla_attention(const float* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* out, u32 heads, u32 latent, u32 rd, u32 page, float scale) { WEFT_PDL_ENTRY();
     WEFT_DYNAMIC_SHARED(float, q);
     __shared__ float p[BLOCK];
     __shared__ float sh[BLOCK];
@@ -203,7 +203,7 @@ extern "C" __global__ void mla_attention(const float* layer, const float* q_lat,
 // block; gqa_attention is one block per (query row, head) with an online softmax over chunks
 // of blockDim context entries, head h reading group h / group. Dynamic shared memory: d
 // floats (q). Every entry 0..ctx[row] is visible: no causal mask beyond the length.
-extern "C" __global__ void kv_store_rows(float* layer, const float* k, const float* v, const u32* slots, u32 kw) {
+extern "C" __global__ void kv_store_rows(float* layer, const float* k, const float* v, const u32* slots, u32 kw) { WEFT_PDL_ENTRY();
     float* dst = layer + (i64)slots[blockIdx.x] * 2 * kw;
     const float* ks = k + (i64)blockIdx.x * kw;
     const float* vs = v + (i64)blockIdx.x * kw;
@@ -213,7 +213,7 @@ extern "C" __global__ void kv_store_rows(float* layer, const float* k, const flo
     }
 }
 
-extern "C" __global__ void gqa_attention(const float* layer, const float* q_in, const u32* bt, const u32* bt_off, const u32* ctx, float* out, u32 heads, u32 group, u32 d, u32 kw, u32 page, float scale) {
+extern "C" __global__ void gqa_attention(const float* layer, const float* q_in, const u32* bt, const u32* bt_off, const u32* ctx, float* out, u32 heads, u32 group, u32 d, u32 kw, u32 page, float scale) { WEFT_PDL_ENTRY();
     WEFT_DYNAMIC_SHARED(float, q);
     __shared__ float p[BLOCK];
     __shared__ float sh[BLOCK];
@@ -257,11 +257,11 @@ extern "C" __global__ void gqa_attention(const float* layer, const float* q_in, 
 }
 
 // out[tok[i]] += wt[i] * y[i], one block per routed row (rows of one expert hit distinct tokens).
-extern "C" __global__ void scatter_add_weighted(const float* y, const u32* tok, const float* wt, float* out, u32 d) {
+extern "C" __global__ void scatter_add_weighted(const float* y, const u32* tok, const float* wt, float* out, u32 d) { WEFT_PDL_ENTRY();
     float g = wt[blockIdx.x];
     for (u32 j = threadIdx.x; j < d; j += blockDim.x) out[(i64)tok[blockIdx.x] * d + j] += g * y[(i64)blockIdx.x * d + j];
 }
 
-extern "C" __global__ void fill_f32(float* x, float v, i64 n) {
+extern "C" __global__ void fill_f32(float* x, float v, i64 n) { WEFT_PDL_ENTRY();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) x[i] = v;
 }

@@ -59,12 +59,15 @@ __device__ __forceinline__ float block_max(float v, float* sh) {
 #if defined(WEFT_EMU)
 #define WEFT_WARP emu_warp
 __device__ __forceinline__ float lane_xor(float v, int o) { return emu_shfl_xor(v, o); }
+__device__ __forceinline__ int lane_xor_int(int v, int o) { return __float_as_int(emu_shfl_xor(__int_as_float(v), o)); }
 #elif defined(__HIPCC_RTC__) || defined(__HIP_DEVICE_COMPILE__)
 #define WEFT_WARP warpSize
 __device__ __forceinline__ float lane_xor(float v, int o) { return __shfl_xor(v, o); }
+__device__ __forceinline__ int lane_xor_int(int v, int o) { return __shfl_xor(v, o); }
 #else
 #define WEFT_WARP 32
 __device__ __forceinline__ float lane_xor(float v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
+__device__ __forceinline__ int lane_xor_int(int v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
 #endif
 
 // A 16-byte load of data read once (streamed weights): past L1, so the activations every block
@@ -112,3 +115,33 @@ __device__ __forceinline__ u32 f32_to_fp8(float x) {
     u32 code = ((u32)(e + 7) << 3) | (u32)q;
     return s | (code > 0x7eu ? 0x7eu : code);
 }
+
+// Programmatic dependent launch (Hopper and later). Every kernel starts with WEFT_PDL_ENTRY():
+// it waits until the grid before it has finished and its writes are visible. The wait is a
+// no-op for a kernel launched the ordinary way; the CUDA backend turns the edges between weft
+// kernels of a recorded step graph into programmatic ones (src/pdl.rs), so the next kernel's
+// blocks are launched as this one's blocks exit — not after the whole grid has drained and
+// flushed — and put their static weights on the way into L2 (weft_prefetch_l2, before the
+// wait). Nothing before the wait may read what an earlier kernel wrote or write anything.
+// Variants for comparisons (WEFT_CUDA_KERNEL_DEFINES): WEFT_PDL_EARLY triggers the next grid
+// as soon as every block of this one has started (measured slower: the waiting blocks take
+// SM slots); WEFT_NO_PREFETCH drops the weight prefetch.
+#if !defined(WEFT_NO_PTX) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#ifdef WEFT_PDL_EARLY
+#define WEFT_PDL_ENTRY() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define WEFT_PDL_ENTRY() asm volatile("griddepcontrol.wait;" ::: "memory")
+#endif
+// `bytes` from `p` (both multiples of 16) towards L2, by the calling thread, without waiting.
+__device__ __forceinline__ void weft_prefetch_l2(const void* p, u32 bytes) {
+#ifndef WEFT_NO_PREFETCH
+    if (bytes) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+#else
+#define WEFT_PDL_ENTRY() ((void)0)
+__device__ __forceinline__ void weft_prefetch_l2(const void*, u32) {}
+#endif
+// At most this many bytes per block are prefetched (a block streams its rows once; more would
+// only evict the activations from L2).
+#define WEFT_PREFETCH_MAX (64u * 1024u)

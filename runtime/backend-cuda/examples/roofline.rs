@@ -242,7 +242,13 @@ fn main() {
             println!(
                 "| {b} | {ctx} | {:.3}{} | {:.0} | {:.2} | {:.0} | {:.1} % | {:.3} | {:.3} | {:.2} | {:.2} |",
                 step * 1e3,
-                if recorded { "" } else { " (not recorded)" },
+                if !recorded {
+                    " (not recorded)".to_string()
+                } else if be.pdl {
+                    format!(" [pdl {}/{}]", after.programmatic_edges, after.memory_nodes)
+                } else {
+                    String::new()
+                },
                 b as f64 / step,
                 bytes / 1e9,
                 bytes / step / 1e9,
@@ -255,6 +261,11 @@ fn main() {
         }
     }
 
+    let st = be.graph_stats();
+    println!("(step graphs: {} programmatic kernel-to-kernel edges in the latest recording; WEFT_CUDA_PDL={})", st.programmatic_edges, be.pdl as u8);
+    if let Some(e) = st.last_failure {
+        println!("(a step graph failed to record: {e})");
+    }
     println!();
     println!("| prefill tokens | ms | tok/s | TFLOP/s | % of GEMM rate |");
     println!("| ---: | ---: | ---: | ---: | ---: |");

@@ -205,7 +205,7 @@ impl CudaBackend {
     pub(crate) fn dequant(&self, w: &CudaMatrix) -> Result<Option<CudaSlice<u16>>> {
         let Some(f) = &w.fp8 else { return Ok(None) };
         let n = w.rows * w.cols;
-        let mut out = unsafe { self.stream.alloc::<u16>(n.max(1)) }.map_err(dev)?;
+        let mut out = self.alloc::<u16>(n)?;
         let (sc_cols, br, bc, rows, cols) = (f.grid_cols(w.cols) as u32, f.block_rows as u32, f.block_cols as u32, w.rows as u32, w.cols as u32);
         let mut l = self.stream.launch_builder(self.func("dequant_fp8_bf16"));
         l.arg(&f.bytes).arg(&f.scales).arg(&sc_cols).arg(&br).arg(&bc).arg(&mut out).arg(&rows).arg(&cols);

@@ -20,8 +20,9 @@
 //! `WEFT_CUDA_GRAPHS=0` turns recording off; `WEFT_CUDA_GRAPH_TOKENS` (default 64) is the
 //! largest step recorded.
 
+use crate::StepGraph;
 use crate::{dev, CudaBackend, CudaKvPool};
-use cudarc::driver::{CudaGraph, CudaSlice, DevicePtr};
+use cudarc::driver::{CudaSlice, DevicePtr};
 use std::collections::HashMap;
 use std::sync::Arc;
 use weft_backend::{AttnRow, BackendError, Result, StepBatch};
@@ -83,20 +84,26 @@ pub(crate) struct Recording {
 }
 
 struct Recorded {
-    graph: CudaGraph,
+    graph: StepGraph,
     out: CudaSlice<f32>,
     _keep: (Vec<Arc<CudaSlice<u32>>>, Vec<Arc<crate::moe::ExpertTables>>),
     used: u64,
 }
 
 /// Replay and recording counts, for benchmarks and tests.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GraphStats {
     pub recorded: u64,
     pub replayed: u64,
     /// Recordings that failed (the step ran op by op).
     pub failed: u64,
     pub held: usize,
+    /// Programmatic (early-launch) edges in the latest recording (`pdl`; 0 when off or on HIP).
+    pub programmatic_edges: usize,
+    /// Memory nodes in the latest recording (none when every op allocated from the arena).
+    pub memory_nodes: usize,
+    /// Why the latest failed recording failed.
+    pub last_failure: Option<String>,
 }
 
 /// One device buffer per step array and its capacity in elements.
@@ -142,7 +149,7 @@ impl CudaBackend {
 
     pub fn graph_stats(&self) -> GraphStats {
         let g = self.graphs.lock().unwrap();
-        GraphStats { held: g.graphs.len(), ..g.stats }
+        GraphStats { held: g.graphs.len(), ..g.stats.clone() }
     }
 
     /// The device copy of a per-step array: while a step is being recorded, the step-input
@@ -196,7 +203,8 @@ impl CudaBackend {
             Err(e) => {
                 *g.failures.entry(shape).or_insert(0) += 1;
                 g.stats.failed += 1;
-                tracing::debug!("step of {m} tokens not recorded as a CUDA graph: {e}");
+                tracing::warn!("step of {m} tokens not recorded as a CUDA graph: {e}");
+                g.stats.last_failure = Some(e.to_string());
                 drop(g);
                 run(pool)
             }
@@ -267,6 +275,11 @@ impl CudaBackend {
         let used = g.clock;
         g.graphs.insert(shape, Recorded { graph, out, _keep: keep, used });
         g.stats.recorded += 1;
+        #[cfg(feature = "cuda")]
+        {
+            g.stats.programmatic_edges = g.graphs[&shape].graph.programmatic;
+            g.stats.memory_nodes = g.graphs[&shape].graph.memory_nodes;
+        }
         Ok(result)
     }
 }

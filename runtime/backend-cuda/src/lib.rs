@@ -34,12 +34,20 @@ mod graphs;
 mod mla;
 mod moe;
 mod ops;
+#[cfg(feature = "cuda")]
+mod pdl;
 mod sample;
 mod uploads;
 
 use cudarc::cublas::CudaBlas;
+#[cfg(not(feature = "cuda"))]
+pub use cudarc::driver::CudaGraph as StepGraph;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream};
 pub use graphs::GraphStats;
+/// A recorded, instantiated step graph: on NVIDIA with programmatic edges between weft's
+/// kernels (`pdl`), on HIP the driver's plain graph.
+#[cfg(feature = "cuda")]
+pub use pdl::StepGraph;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use weft_backend::{BackendError, KvLayout, Result};
@@ -218,6 +226,15 @@ pub struct CudaBackend {
     /// distance: greedy speculative decoding then matches plain decoding. `WEFT_CUDA_GEMM_SPLIT=0`:
     /// one pass with bf16-rounded activations (~1e-3 relative; half the GEMM work).
     pub gemm_split: bool,
+    /// Fewest heads per MLA block when splitting the head groups to fill the GPU (8;
+    /// `WEFT_CUDA_MLA_MIN_GROUP`, 16 keeps whole groups).
+    pub mla_min_group: usize,
+    /// Step graphs get programmatic edges between weft's kernels (`pdl`): Hopper and later,
+    /// unless `WEFT_CUDA_PDL=0`.
+    pub pdl: bool,
+    /// Where ops allocate while a step is recorded when `pdl` is on.
+    #[cfg(feature = "cuda")]
+    arena: Option<pdl::RecordingArena>,
     /// Fewest 16-token tiles per MLA context split (1; `WEFT_CUDA_MLA_SPLIT_TILES`): fewer,
     /// longer splits trade parallelism for less per-split work (query loads, partial outputs).
     pub mla_split_tiles: usize,
@@ -249,6 +266,12 @@ fn dev(e: impl std::fmt::Debug) -> BackendError {
 
 fn unavailable(reason: String) -> BackendError {
     BackendError::Unavailable { backend: BACKEND, reason }
+}
+
+/// 90 for "sm_90a", 100 for "sm_100a"; 0 for anything else.
+#[cfg(feature = "cuda")]
+fn arch_number(arch: &str) -> u32 {
+    arch.strip_prefix("sm_").map_or(0, |a| a.trim_end_matches(|c: char| c.is_ascii_alphabetic()).parse().unwrap_or(0))
 }
 
 #[cfg(feature = "cuda")]
@@ -284,7 +307,12 @@ fn keep_pool_memory(ctx: &CudaContext) {
 /// Compiles every kernel in `kernels/` with NVRTC for `arch` (e.g. "sm_90a"), as the backend
 /// does when it starts. Needs only NVRTC, no GPU (the compile test runs it for every target).
 pub fn compile_kernels(arch: &'static str) -> Result<cudarc::nvrtc::Ptx> {
-    let opts = cudarc::nvrtc::CompileOptions { arch: Some(arch), options: vec!["--std=c++17".into()], ..Default::default() };
+    let mut options = vec!["--std=c++17".to_string()];
+    // Kernel variants for comparisons: `WEFT_CUDA_KERNEL_DEFINES=WEFT_PDL_EARLY,WEFT_NO_PREFETCH`.
+    if let Ok(defs) = std::env::var("WEFT_CUDA_KERNEL_DEFINES") {
+        options.extend(defs.split(',').filter(|d| !d.is_empty() && d.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')).map(|d| format!("-D{d}")));
+    }
+    let opts = cudarc::nvrtc::CompileOptions { arch: Some(arch), options, ..Default::default() };
     std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(KERNEL_SOURCE, opts))
         .map_err(|_| unavailable("NVRTC could not be loaded".into()))?
         .map_err(|e| BackendError::Device(format!("compiling kernels/ for {arch}: {e}")))
@@ -354,6 +382,12 @@ impl CudaBackend {
         let slow_paths = std::env::var("WEFT_CUDA_SLOW").is_ok_and(|v| v == "1");
         // The tensor-core kernels are NVIDIA's `mma.sync` (trap stubs on HIP).
         let mma = !HIP && std::env::var("WEFT_CUDA_MMA").map_or(true, |v| v != "0");
+        #[cfg(feature = "cuda")]
+        let arena = (arch_number(arch) >= 90 && std::env::var("WEFT_CUDA_PDL").map_or(true, |v| v != "0")).then(|| pdl::RecordingArena::new(&ctx)).transpose()?;
+        #[cfg(feature = "cuda")]
+        let pdl = arena.is_some();
+        #[cfg(not(feature = "cuda"))]
+        let pdl = false;
         Ok(CudaBackend {
             ctx,
             stream,
@@ -368,8 +402,12 @@ impl CudaBackend {
             slow_paths,
             mma,
             mma_min_m: std::env::var("WEFT_CUDA_MMA_MIN_M").ok().and_then(|v| v.parse().ok()).unwrap_or(2),
+            pdl,
+            #[cfg(feature = "cuda")]
+            arena,
             gemm_split: std::env::var("WEFT_CUDA_GEMM_SPLIT").map_or(true, |v| v != "0"),
             mla_split_tiles: std::env::var("WEFT_CUDA_MLA_SPLIT_TILES").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1),
+            mla_min_group: std::env::var("WEFT_CUDA_MLA_MIN_GROUP").ok().and_then(|v| v.parse().ok()).unwrap_or(8).max(1),
             mla_waves: std::env::var("WEFT_CUDA_MLA_WAVES").ok().and_then(|v| v.parse().ok()).unwrap_or(4).max(1),
             moe_device_tokens: std::env::var("WEFT_CUDA_MOE_DEVICE_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(32),
             num_sms,
@@ -396,7 +434,15 @@ impl CudaBackend {
     /// `end_capture` are recorded, not run. Every host array they take must already be on the
     /// device (an upload-cache hit), since a host-to-device copy cannot be recorded.
     pub fn begin_capture(&self) -> Result<()> {
-        self.stream.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(dev)?;
+        use cudarc::driver::sys::CUstreamCaptureMode::*;
+        // The recording arena allocates on a stream of its own while this one records, which
+        // the thread-local mode refuses; the backend's own checks (`no_capture`) keep host
+        // copies out of a recording either way.
+        #[cfg(feature = "cuda")]
+        let mode = if self.arena.is_some() { CU_STREAM_CAPTURE_MODE_RELAXED } else { CU_STREAM_CAPTURE_MODE_THREAD_LOCAL };
+        #[cfg(not(feature = "cuda"))]
+        let mode = CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        self.stream.begin_capture(mode).map_err(dev)?;
         self.capturing.store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
@@ -414,9 +460,16 @@ impl CudaBackend {
 
     /// The graph recorded since `begin_capture`, instantiated; `launch()` replays it.
     /// Buffers allocated while recording belong to the graph (same addresses every replay).
-    pub fn end_capture(&self) -> Result<cudarc::driver::CudaGraph> {
+    pub fn end_capture(&self) -> Result<StepGraph> {
         self.capturing.store(false, std::sync::atomic::Ordering::Relaxed);
         let flags = cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
-        self.stream.end_capture(flags).map_err(dev)?.ok_or_else(|| BackendError::Device("the capture recorded nothing".into()))
+        #[cfg(feature = "cuda")]
+        let graph = {
+            let ours: std::collections::HashSet<usize> = if self.pdl { self.funcs.values().map(|f| f.cu_function() as usize).collect() } else { Default::default() };
+            StepGraph::end_capture(&self.stream, &ours, flags)?
+        };
+        #[cfg(not(feature = "cuda"))]
+        let graph = self.stream.end_capture(flags).map_err(dev)?;
+        graph.ok_or_else(|| BackendError::Device("the capture recorded nothing".into()))
     }
 }

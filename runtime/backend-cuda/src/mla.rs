@@ -16,7 +16,12 @@ const THREADS: u32 = 256;
 /// eight of 16 — so the head counts tensor parallelism leaves (8, 12, 16, 64, 128 and any
 /// other) need neither padding nor a slower kernel. Returns (groups, heads per group).
 pub(crate) fn head_groups(heads: usize) -> (usize, usize) {
-    let groups = heads.div_ceil(HEAD_GROUP).max(1);
+    head_groups_of(heads, HEAD_GROUP)
+}
+
+/// The same with groups of at most `most` heads.
+fn head_groups_of(heads: usize, most: usize) -> (usize, usize) {
+    let groups = heads.div_ceil(most.max(1)).max(1);
     let size = heads.div_ceil(groups).max(1);
     (heads.div_ceil(size).max(1), size)
 }
@@ -47,10 +52,16 @@ impl CudaBackend {
         tables: [&CudaSlice<u32>; 3],
     ) -> Result<CudaSlice<f32>> {
         let l = pool.layout;
-        let (groups, hg) = head_groups(heads);
+        let (mut groups, mut hg) = head_groups(heads);
         // While a step is recorded, sized for its context bucket (the graph serves every step
         // up to it; splits past a row's context are empty).
         let max_ctx = self.split_context(rows.iter().map(|r| r.ctx_len).max().unwrap_or(1));
+        // A few rows of short context leave SMs idle even at one tile per split: halve the head
+        // groups (down to `mla_min_group` heads) so that more, shorter blocks share the work.
+        let tiles = max_ctx.div_ceil(TILE);
+        while rows.len() * groups * tiles < self.num_sms && hg / 2 >= self.mla_min_group {
+            (groups, hg) = head_groups_of(heads, hg / 2);
+        }
         // Enough blocks for a few waves over every SM; each split at least one tile.
         let base = rows.len() * groups;
         let want = (self.mla_waves * self.num_sms).div_ceil(base.max(1));

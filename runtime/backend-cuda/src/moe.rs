@@ -158,10 +158,10 @@ impl CudaBackend {
         let maxa = e.min(n);
         let inter = experts[0].inter;
         let tables = self.expert_tables(experts)?;
-        let mut ids = unsafe { self.stream.alloc::<u32>(n) }.map_err(dev)?;
+        let mut ids = self.alloc::<u32>(n)?;
         let mut wts = self.out(n)?;
         let (e32, k32, ng, tg, norm, sc) = (e as u32, k as u32, cfg.n_group.max(1) as u32, cfg.topk_group as u32, cfg.norm_topk_prob as i32, cfg.routed_scaling_factor);
-        let mut plan = unsafe { self.stream.alloc::<u32>(2 + 2 * maxa + n) }.map_err(dev)?;
+        let mut plan = self.alloc::<u32>(2 + 2 * maxa + n)?;
         let maxa32 = maxa as u32;
         let counter = self.moe_counter.lock().unwrap();
         let mut l = self.stream.launch_builder(self.func("moe_route_plan"));
@@ -210,7 +210,9 @@ impl CudaBackend {
         let has_add = shared.is_some() as i32;
         let mut l = self.stream.launch_builder(self.func("moe_combine"));
         l.arg(&y).arg(&wts).arg(add).arg(&has_add).arg(&mut out).arg(&k32).arg(&h32);
-        unsafe { l.launch(LaunchConfig { grid_dim: (m as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }) }.map_err(dev)?;
+        let combine_threads = 128u32;
+        let blocks = m * hidden.div_ceil(combine_threads as usize);
+        unsafe { l.launch(LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (combine_threads, 1, 1), shared_mem_bytes: 0 }) }.map_err(dev)?;
         Ok(out)
     }
 }

@@ -68,8 +68,19 @@ pub(crate) fn upload(be: &CudaBackend, m: &HostMatrix<'_>) -> Result<CudaMatrix>
 
 impl CudaBackend {
     /// An output buffer (NaN-filled when poisoning).
+    /// Device memory for an op's output or scratch (at least one element, uninitialised): from
+    /// the stream's pool, or while a step graph with programmatic edges is recorded from the
+    /// recording arena (`pdl`), so that the graph holds no memory nodes.
+    pub(crate) fn alloc<T: cudarc::driver::DeviceRepr>(&self, n: usize) -> Result<CudaSlice<T>> {
+        #[cfg(feature = "cuda")]
+        if let Some(arena) = self.arena.as_ref().filter(|_| self.capturing.load(std::sync::atomic::Ordering::Relaxed)) {
+            return arena.alloc::<T>(n);
+        }
+        unsafe { self.stream.alloc::<T>(n.max(1)) }.map_err(dev)
+    }
+
     pub(crate) fn out(&self, n: usize) -> Result<CudaSlice<f32>> {
-        let mut b = unsafe { self.stream.alloc::<f32>(n.max(1)) }.map_err(dev)?;
+        let mut b = self.alloc::<f32>(n)?;
         if self.poison {
             let (v, n64) = (f32::NAN, n as i64);
             let mut l = self.stream.launch_builder(self.func("fill_f32"));
@@ -93,7 +104,7 @@ impl CudaBackend {
     }
 
     fn to_bf16(&self, x: &CudaSlice<f32>, n: usize) -> Result<CudaSlice<u16>> {
-        let mut y = unsafe { self.stream.alloc::<u16>(n.max(1)) }.map_err(dev)?;
+        let mut y = self.alloc::<u16>(n)?;
         let n64 = n as i64;
         let mut l = self.stream.launch_builder(self.func("cast_f32_bf16"));
         l.arg(x).arg(&mut y).arg(&n64);
@@ -106,7 +117,7 @@ impl CudaBackend {
         if !self.gemm_split {
             return self.to_bf16(x, n);
         }
-        let mut y = unsafe { self.stream.alloc::<u16>(2 * n.max(1)) }.map_err(dev)?;
+        let mut y = self.alloc::<u16>(2 * n.max(1))?;
         let n64 = n as i64;
         {
             let (mut hi, mut lo) = y.split_at_mut(n.max(1));

@@ -1,15 +1,18 @@
 //! Forward steps replayed from CUDA graphs against the same steps issued op by op, on a golden
 //! fixture model: several sequences decoding together, a sequence leaving and coming back
 //! (a different token count), contexts crossing page boundaries and a context bucket, block
-//! tables outgrowing the step-input buffers. On a machine without CUDA it prints SKIPPED.
+//! tables outgrowing the step-input buffers; the same with programmatic edges between the
+//! recorded kernels (`WEFT_CUDA_PDL=1`). On a machine without CUDA it prints SKIPPED.
 #![cfg(feature = "cuda")]
 
 use weft_backend::{AttnRow, Backend, StepBatch};
 use weft_cuda::CudaBackend;
 use weft_model::LoadedModel;
 
-fn open(graphs: bool) -> Option<LoadedModel<CudaBackend>> {
+/// `pdl`: programmatic edges in the recorded graphs (Hopper and later; `WEFT_CUDA_PDL`).
+fn open(graphs: bool, pdl: bool) -> Option<LoadedModel<CudaBackend>> {
     std::env::set_var("WEFT_CUDA_POISON", "1");
+    std::env::set_var("WEFT_CUDA_PDL", if pdl { "1" } else { "0" });
     let be = match CudaBackend::new(0) {
         Ok(b) => b,
         Err(e @ weft_backend::BackendError::Unavailable { .. }) => {
@@ -72,7 +75,8 @@ fn run(lm: &LoadedModel<CudaBackend>, plan: &[Vec<usize>]) -> Vec<Vec<f32>> {
 
 #[test]
 fn replayed_steps_equal_op_by_op_steps() {
-    let (Some(graphs), Some(ops)) = (open(true), open(false)) else { return };
+    // One test, so that the environment each backend starts with is not raced.
+    let (Some(graphs), Some(ops), Some(pdl)) = (open(true, false), open(false, false), open(true, true)) else { return };
     // Prefill each sequence alone, then decode: all three, then two, then all three again.
     let mut plan: Vec<Vec<usize>> = vec![vec![0], vec![1], vec![2]];
     plan.extend((0..12).map(|_| vec![0, 1, 2]));
@@ -80,7 +84,9 @@ fn replayed_steps_equal_op_by_op_steps() {
     plan.extend((0..14).map(|_| vec![0, 1, 2]));
     let a = run(&graphs, &plan);
     let b = run(&ops, &plan);
-    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+    let c = run(&pdl, &plan);
+    for (i, (x, y)) in a.iter().chain(&c).zip(b.iter().chain(&b)).enumerate() {
+        let i = i % plan.len();
         assert_eq!(x.len(), y.len());
         let scale = y.iter().fold(0f32, |m, v| m.max(v.abs()));
         let worst = x.iter().zip(y).fold(0f32, |m, (p, q)| m.max((p - q).abs()));
@@ -93,4 +99,10 @@ fn replayed_steps_equal_op_by_op_steps() {
     assert!(st.replayed >= 20, "{st:?}");
     assert_eq!(st.failed, 0, "{st:?}");
     assert_eq!(ops.model.backend.graph_stats().recorded, 0);
+    let st = pdl.model.backend.graph_stats();
+    eprintln!("with programmatic edges: {st:?}");
+    assert_eq!((st.failed, st.last_failure.as_deref()), (0, None), "{st:?}");
+    if pdl.model.backend.pdl {
+        assert!(st.programmatic_edges > 0 && st.memory_nodes == 0, "{st:?}");
+    }
 }
