@@ -33,6 +33,38 @@ __device__ __forceinline__ u32 front_ord(float v) {
 __device__ __forceinline__ u32 front_unord(u32 o) { return o ^ ((o >> 31) ? 0x80000000u : 0xffffffffu); }
 __device__ __forceinline__ u64 front_key(float v, u32 id) { return ((u64)front_ord(v) << 32) | (u64)(~id); }
 
+// f(i, x[i] * s) for this thread's share of the row. Each pass over the row is bound by how
+// many loads a thread has in flight (one block, one SM): rows of whole float4s are read 4 × 4
+// values at a time, issued before any is used.
+template <typename F>
+__device__ __forceinline__ void front_each(const float* x, u32 vocab, float s, F f) {
+    const u32 tid = threadIdx.x, nt = blockDim.x;
+    if (vocab % 4 == 0 && ((u64)x) % 16 == 0) {
+        const float4* x4 = (const float4*)x;
+        const u32 n4 = vocab / 4;
+        for (u32 base = 0; base < n4; base += 4 * nt) {
+            float4 v[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                u32 j = base + u * nt + tid;
+                v[u] = j < n4 ? x4[j] : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                u32 j = base + u * nt + tid;
+                if (j < n4) {
+                    f(4 * j, v[u].x * s);
+                    f(4 * j + 1, v[u].y * s);
+                    f(4 * j + 2, v[u].z * s);
+                    f(4 * j + 3, v[u].w * s);
+                }
+            }
+        }
+    } else {
+        for (u32 i = tid; i < vocab; i += nt) f(i, x[i] * s);
+    }
+}
+
 // One block per row (blockDim a power of two, at most FRONT_MAX_K). Row r's answer goes to
 // out + out_off[r]: [finite count, log-sum-exp bits, ks[r] ids, ks[r] logit bits], of which
 // the first min(ks[r], finite) ids and logits are written. ks[r] = 0 writes the two stats.
@@ -51,9 +83,8 @@ extern "C" __global__ void front_topk(const float* logits, const u32* ks, const 
 
     // Max, sum of exponentials (online, rescaled when the max grows) and count of finite logits.
     float m = -WEFT_INF, sum = 0.f, cnt = 0.f;
-    for (u32 i = tid; i < vocab; i += nt) {
-        float v = x[i] * s;
-        if (!front_finite(v)) continue;
+    front_each(x, vocab, s, [&](u32, float v) {
+        if (!front_finite(v)) return;
         cnt += 1.f;
         if (v > m) {
             sum = sum * expf(m - v) + 1.f;
@@ -61,7 +92,7 @@ extern "C" __global__ void front_topk(const float* logits, const u32* ks, const 
         } else {
             sum += expf(v - m);
         }
-    }
+    });
     const float mx = block_max(m, red);
     const float total = block_sum(m == -WEFT_INF ? 0.f : sum * expf(m - mx), red);
     const u32 finite = (u32)(block_sum(cnt, red) + 0.5f);
@@ -76,12 +107,11 @@ extern "C" __global__ void front_topk(const float* logits, const u32* ks, const 
     if (k == 1) {
         // Greedy: the largest key is an arg-max, one pass.
         u64 best = 0;
-        for (u32 i = tid; i < vocab; i += nt) {
-            float v = x[i] * s;
-            if (!front_finite(v)) continue;
+        front_each(x, vocab, s, [&](u32 i, float v) {
+            if (!front_finite(v)) return;
             u64 ck = front_key(v, i);
             best = ck > best ? ck : best;
-        }
+        });
         keys[tid] = best;
         __syncthreads();
         for (u32 st = nt / 2; st > 0; st >>= 1) {
@@ -97,12 +127,11 @@ extern "C" __global__ void front_topk(const float* logits, const u32* ks, const 
             for (u32 i = tid; i < FRONT_COPIES * 256; i += nt) hist[i] = 0;
             __syncthreads();
             u32* h = hist + (tid % FRONT_COPIES) * 256;
-            for (u32 i = tid; i < vocab; i += nt) {
-                float v = x[i] * s;
-                if (!front_finite(v)) continue;
+            front_each(x, vocab, s, [&](u32 i, float v) {
+                if (!front_finite(v)) return;
                 u64 ck = front_key(v, i);
                 if ((ck & mask) == prefix) atomicAdd(&h[(u32)(ck >> shift) & 255u], 1u);
-            }
+            });
             __syncthreads();
             for (u32 b = tid; b < 256; b += nt) {
                 u32 t = 0;
@@ -134,15 +163,14 @@ extern "C" __global__ void front_topk(const float* logits, const u32* ks, const 
     // Every key whose top bits exceed or equal the prefix: exactly k of them.
     if (tid == 0) sc[3] = 0;
     __syncthreads();
-    for (u32 i = tid; i < vocab; i += nt) {
-        float v = x[i] * s;
-        if (!front_finite(v)) continue;
+    front_each(x, vocab, s, [&](u32 i, float v) {
+        if (!front_finite(v)) return;
         u64 ck = front_key(v, i);
         if ((ck & mask) >= prefix) {
             u32 slot = atomicAdd(&sc[3], 1u);
             if (slot < FRONT_MAX_K) keys[slot] = ck;
         }
-    }
+    });
     __syncthreads();
     // Bitonic sort, descending, over the next power of two (padding keys are 0, below any
     // real key: a finite float's key is never 0).

@@ -252,6 +252,9 @@ pub struct CudaBackend {
     expert_tables: Mutex<HashMap<u64, Arc<moe::ExpertTables>>>,
     /// The routing kernel's count of finished blocks (zero between launches).
     moe_counter: Mutex<CudaSlice<u32>>,
+    /// cuBLAS's workspace (kept alive while the handle uses it).
+    #[cfg(feature = "cuda")]
+    _blas_workspace: CudaSlice<u8>,
     /// Between `begin_capture` and `end_capture`: host copies are refused (see `no_capture`).
     capturing: std::sync::atomic::AtomicBool,
     /// Recorded forward steps (`Backend::run_step`).
@@ -377,6 +380,20 @@ impl CudaBackend {
         #[cfg(feature = "cuda")]
         keep_pool_memory(&ctx);
         let blas = std::panic::catch_unwind(|| CudaBlas::new(stream.clone())).map_err(|_| unavailable("cuBLAS could not be loaded".into()))?.map_err(dev)?;
+        // A workspace of cuBLAS's own would be allocated inside every recorded GEMM (a memory
+        // node in the step graph, which keeps the graph's edges from being made programmatic).
+        #[cfg(feature = "cuda")]
+        let blas_workspace = {
+            const BYTES: usize = 32 << 20;
+            let ws = stream.alloc_zeros::<u8>(BYTES).map_err(dev)?;
+            let (ptr, guard) = cudarc::driver::DevicePtr::device_ptr(&ws, &stream);
+            let st = unsafe { cudarc::cublas::sys::cublasSetWorkspace_v2(*blas.handle(), ptr as *mut std::ffi::c_void, BYTES) };
+            if st != cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                return Err(BackendError::Device(format!("cublasSetWorkspace: {st:?}")));
+            }
+            drop(guard);
+            ws
+        };
         let poison = std::env::var("WEFT_CUDA_POISON").is_ok_and(|v| v == "1");
         let all_f32 = std::env::var("WEFT_CUDA_F32").is_ok_and(|v| v == "1");
         let slow_paths = std::env::var("WEFT_CUDA_SLOW").is_ok_and(|v| v == "1");
@@ -415,6 +432,8 @@ impl CudaBackend {
             uploads: uploads::UploadCache::default(),
             expert_tables: Mutex::new(HashMap::new()),
             moe_counter: Mutex::new(moe_counter),
+            #[cfg(feature = "cuda")]
+            _blas_workspace: blas_workspace,
             capturing: std::sync::atomic::AtomicBool::new(false),
             graphs: Mutex::new(graphs::StepGraphs::from_env()),
             recording: Mutex::new(None),
