@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../.."
 mkdir -p .device
 cargo build --release -p weft --bin weft
 cargo build --release -p weft-cuda --example gpu_bench --example roofline
-for t in kernels step_graphs; do
+for t in kernels step_graphs tensor_parallel; do
     test_bin=$(cargo test -p weft-cuda --test $t --no-run --message-format=json 2>/dev/null | T=$t python3 -c '
 import json, os, sys
 for line in sys.stdin:

@@ -4,12 +4,14 @@
 //! Ops are coarse and fused where a GPU wants them fused (residual add + RMSNorm, RoPE + cache
 //! store, routing + experts + combine), so the graph never touches element layouts itself.
 
+pub mod collective;
 pub mod cpu;
 pub mod dtype;
 pub mod dummy;
 pub mod front;
 pub mod rng;
 
+pub use collective::{Collective, LocalGroup, LocalRank, Shard};
 pub use dtype::{BlockScales, HostMatrix, WeightDtype};
 
 #[derive(Debug, thiserror::Error)]

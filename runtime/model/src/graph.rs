@@ -6,8 +6,9 @@
 
 use crate::config::ModelConfig;
 use crate::weights::{FeedForward, LayerWeights, ModelWeights, QueryProj};
+use std::sync::Arc;
 pub use weft_backend::StepBatch;
-use weft_backend::{Backend, KvLayout, Result, RopeParams, RouterConfig};
+use weft_backend::{Backend, Collective, KvLayout, Result, RopeParams, RouterConfig};
 
 /// A loaded model bound to its backend.
 pub struct DeepseekV3<B: Backend> {
@@ -20,6 +21,9 @@ pub struct DeepseekV3<B: Backend> {
     /// Decoder layers whose outputs [`Self::forward_hidden`] also returns (a DFlash drafter's
     /// context features), in order.
     capture: Vec<usize>,
+    /// The tensor-parallel group this model is one rank of (weights from
+    /// `ModelWeights::load_shard`); None for the whole model.
+    group: Option<Arc<dyn Collective<B>>>,
 }
 
 impl<B: Backend> DeepseekV3<B> {
@@ -35,7 +39,27 @@ impl<B: Backend> DeepseekV3<B> {
             routed_scaling_factor: cfg.routed_scaling_factor as f32,
         };
         let scale = cfg.softmax_scale() as f32;
-        DeepseekV3 { cfg, weights, backend, rope, router, scale, capture: vec![] }
+        DeepseekV3 { cfg, weights, backend, rope, router, scale, capture: vec![], group: None }
+    }
+
+    /// Makes this model rank `group.rank()` of a tensor-parallel group: its weights must be
+    /// that rank's shard (`ModelWeights::load_shard` with the same rank and size). Attention
+    /// output and every MLP/MoE output are then summed over the group.
+    pub fn set_group(&mut self, group: Arc<dyn Collective<B>>) {
+        self.group = Some(group);
+    }
+
+    /// Attention heads this rank computes.
+    fn local_heads(&self) -> usize {
+        self.cfg.num_attention_heads / self.group.as_ref().map_or(1, |g| g.size())
+    }
+
+    /// `x` summed over the group (a row-parallel product's partial sums); as is without one.
+    fn reduce(&self, mut x: B::Buf) -> Result<B::Buf> {
+        if let Some(g) = &self.group {
+            g.all_reduce_sum(&self.backend, &mut x)?;
+        }
+        Ok(x)
     }
 
     /// The latent pool layout for `num_pages` pages of `page_size` tokens.
@@ -64,6 +88,9 @@ impl<B: Backend> DeepseekV3<B> {
     /// block per captured layer ([`Self::set_capture`]). The backend may replay a recorded
     /// step of the same shape instead of issuing each op ([`Backend::run_step`]).
     pub fn forward_hidden(&self, pool: &mut B::KvPool, batch: &StepBatch<'_>) -> Result<B::Buf> {
+        if self.group.as_ref().is_some_and(|g| !g.recordable()) {
+            return self.forward_ops(pool, batch);
+        }
         let out_len = batch.tokens.len() * self.cfg.hidden_size * (1 + self.capture.len());
         self.backend.run_step(pool, batch, out_len, &mut |pool| self.forward_ops(pool, batch))
     }
@@ -160,7 +187,7 @@ impl<B: Backend> DeepseekV3<B> {
         let c = &self.cfg;
         let a = &lw.attn;
         let eps = c.rms_norm_eps as f32;
-        let heads = c.num_attention_heads;
+        let heads = self.local_heads();
         let q = match &a.q {
             QueryProj::Direct { q_proj } => be.linear(x, q_proj)?,
             QueryProj::LoRA { q_a_proj, q_a_layernorm, q_b_proj } => {
@@ -175,7 +202,7 @@ impl<B: Backend> DeepseekV3<B> {
         be.mla_store_kv(pool, layer, &kv_a, &a.kv_a_layernorm, eps, batch.positions, batch.slots, &self.rope)?;
         let o_lat = be.mla_attention(pool, layer, &q_lat, &q_pe, heads, batch.attn, self.scale)?;
         let o = be.head_linear(&o_lat, heads, &a.w_uv)?;
-        be.linear(&o, &a.o_proj)
+        self.reduce(be.linear(&o, &a.o_proj)?)
     }
 
     fn feed_forward(&self, lw: &LayerWeights<B>, x: &B::Buf) -> Result<B::Buf> {
@@ -184,13 +211,14 @@ impl<B: Backend> DeepseekV3<B> {
             let hid = be.gated_up(x, &w.gate_up, w.inter)?;
             be.linear(&hid, &w.down)
         };
-        match &lw.ffn {
-            FeedForward::Dense(w) => mlp(w),
+        let out = match &lw.ffn {
+            FeedForward::Dense(w) => mlp(w)?,
             FeedForward::Moe(m) => {
                 let logits = be.linear(x, &m.router)?;
                 let shared = m.shared.as_ref().map(mlp).transpose()?;
-                be.moe(x, &logits, &m.bias, &self.router, &m.experts, shared.as_ref())
+                be.moe(x, &logits, &m.bias, &self.router, &m.experts, shared.as_ref())?
             }
-        }
+        };
+        self.reduce(out)
     }
 }

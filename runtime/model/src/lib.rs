@@ -8,6 +8,7 @@ pub mod dflash;
 pub mod generate;
 pub mod graph;
 pub mod sampling;
+pub mod shard;
 pub mod tokenizer;
 pub mod weights;
 
@@ -65,6 +66,18 @@ impl<B: Backend> LoadedModel<B> {
 
     /// [`Self::open`], loading what `opts` asks for.
     pub fn open_with(dir: &Path, backend: B, opts: LoadOptions) -> Result<Self, ModelError> {
+        Self::open_part(dir, backend, opts, None)
+    }
+
+    /// Rank `group.rank()` of a tensor-parallel group of `group.size()` ranks: only that rank's
+    /// shard of each weight is read and uploaded (`shard.rs` says which), and the forward pass
+    /// sums partial results over `group`. Every rank runs the same steps; each gets the same
+    /// logits. Errors when the model's heads or intermediate sizes do not split evenly.
+    pub fn open_shard(dir: &Path, backend: B, opts: LoadOptions, group: std::sync::Arc<dyn weft_backend::Collective<B>>) -> Result<Self, ModelError> {
+        Self::open_part(dir, backend, opts, Some(group))
+    }
+
+    fn open_part(dir: &Path, backend: B, opts: LoadOptions, group: Option<std::sync::Arc<dyn weft_backend::Collective<B>>>) -> Result<Self, ModelError> {
         if !dir.is_dir() {
             return Err(ModelError::NoDir(dir.display().to_string()));
         }
@@ -72,8 +85,13 @@ impl<B: Backend> LoadedModel<B> {
         let tokenizer = tokenizer::TextTokenizer::from_dir(dir)?;
         let defaults = tokenizer::GenerationDefaults::from_dir(dir)?;
         let ck = checkpoint::Checkpoint::open(dir, cfg.fp8_block)?;
-        let weights = weights::ModelWeights::load_with(&ck, &cfg, &backend, opts.mtp)?;
-        Ok(LoadedModel { dir: dir.to_path_buf(), model: DeepseekV3::new(cfg, weights, backend), tokenizer, defaults })
+        let shard = group.as_ref().map_or(weft_backend::Shard::WHOLE, |g| weft_backend::Shard { rank: g.rank(), size: g.size() });
+        let weights = weights::ModelWeights::load_shard(&ck, &cfg, &backend, opts.mtp, shard)?;
+        let mut model = DeepseekV3::new(cfg, weights, backend);
+        if let Some(g) = group {
+            model.set_group(g);
+        }
+        Ok(LoadedModel { dir: dir.to_path_buf(), model, tokenizer, defaults })
     }
 
     /// `--load-format dummy`: the architecture from `dir/config.json`, synthesized weights (see

@@ -4,8 +4,10 @@
 
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::ModelConfig;
+use crate::shard;
 use std::borrow::Cow;
-use weft_backend::{Backend, BackendError, ExpertWeights, HostMatrix};
+use std::ops::Range;
+use weft_backend::{Backend, BackendError, ExpertWeights, HostMatrix, Shard};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -77,6 +79,8 @@ struct Loader<'a, B: Backend> {
     ck: &'a Checkpoint,
     be: &'a B,
     cfg: &'a ModelConfig,
+    /// The part of each weight this rank holds (`shard.rs`).
+    shard: Shard,
 }
 
 impl<'a, B: Backend> Loader<'a, B> {
@@ -99,25 +103,49 @@ impl<'a, B: Backend> Loader<'a, B> {
         }
         Some(self.be.dummy_matrix(&spec)?.map_err(LoadError::Backend))
     }
+    /// Rows `r` of the `[rows, cols]` weight `name` (all of it on an unsharded model).
+    fn mat_rows(&self, name: &str, rows: usize, cols: usize, r: Range<usize>) -> Result<B::Matrix> {
+        if self.shard.size == 1 {
+            return self.mat(name, rows, cols);
+        }
+        Ok(self.be.upload_matrix(&shard::rows(&self.ck.matrix(name, rows, cols)?, r)?)?)
+    }
+
+    /// Columns `c` of the `[rows, cols]` weight `name` (all of it on an unsharded model).
+    fn mat_cols(&self, name: &str, rows: usize, cols: usize, c: Range<usize>) -> Result<B::Matrix> {
+        if self.shard.size == 1 {
+            return self.mat(name, rows, cols);
+        }
+        let label = format!("{name}[cols {}..{}]", c.start, c.end);
+        Ok(self.be.upload_matrix(&shard::cols(&self.ck.matrix(name, rows, cols)?, c, label)?)?)
+    }
+
     fn vec(&self, name: &str, len: usize) -> Result<B::Buf> {
         Ok(self.be.upload(&self.ck.vector(name, len)?)?)
     }
 
     /// gate_proj and up_proj stacked into `[2*inter, hidden]`, in checkpoint format when the
     /// block grid allows it.
+    /// On a sharded model, this rank's slice of the intermediate dimension: those rows of gate
+    /// and up, those columns of down.
     fn gate_up(&self, prefix: &str, inter: usize) -> Result<ExpertWeights<B::Matrix>> {
         let h = self.cfg.hidden_size;
         let (gn, un) = (format!("{prefix}.gate_proj.weight"), format!("{prefix}.up_proj.weight"));
         let name = format!("{prefix}.gate_up");
-        let gate_up = match self.device_dummy(&name, &[(&gn, inter), (&un, inter)], h) {
+        let r = self.shard.range(inter);
+        let dummy = if self.shard.size == 1 { self.device_dummy(&name, &[(&gn, inter), (&un, inter)], h) } else { None };
+        let gate_up = match dummy {
             Some(m) => m?,
             None => {
-                let (g, u) = (self.ck.matrix(&gn, inter, h)?, self.ck.matrix(&un, inter, h)?);
+                let (mut g, mut u) = (self.ck.matrix(&gn, inter, h)?, self.ck.matrix(&un, inter, h)?);
+                if self.shard.size > 1 {
+                    (g, u) = (shard::rows(&g, r.clone())?, shard::rows(&u, r.clone())?);
+                }
                 self.be.upload_matrix(&stack_rows(&name, &g, &u)?)?
             }
         };
-        let down = self.mat(&format!("{prefix}.down_proj.weight"), h, inter)?;
-        Ok(ExpertWeights { gate_up, down, inter })
+        let down = self.mat_cols(&format!("{prefix}.down_proj.weight"), h, inter, r.clone())?;
+        Ok(ExpertWeights { gate_up, down, inter: r.len() })
     }
 
     fn layer(&self, i: usize) -> Result<LayerWeights<B>> {
@@ -125,21 +153,25 @@ impl<'a, B: Backend> Loader<'a, B> {
         let p = format!("model.layers.{i}");
         let (h, heads) = (c.hidden_size, c.num_attention_heads);
         let qk = c.qk_head_dim();
+        // This rank's heads (all of them unsharded).
+        let hr = self.shard.range(heads);
+        let q_rows = hr.start * qk..hr.end * qk;
         let q = match c.q_lora_rank {
-            None => QueryProj::Direct { q_proj: self.mat(&format!("{p}.self_attn.q_proj.weight"), heads * qk, h)? },
+            None => QueryProj::Direct { q_proj: self.mat_rows(&format!("{p}.self_attn.q_proj.weight"), heads * qk, h, q_rows)? },
             Some(r) => QueryProj::LoRA {
                 q_a_proj: self.mat(&format!("{p}.self_attn.q_a_proj.weight"), r, h)?,
                 q_a_layernorm: self.vec(&format!("{p}.self_attn.q_a_layernorm.weight"), r)?,
-                q_b_proj: self.mat(&format!("{p}.self_attn.q_b_proj.weight"), heads * qk, r)?,
+                q_b_proj: self.mat_rows(&format!("{p}.self_attn.q_b_proj.weight"), heads * qk, r, q_rows)?,
             },
         };
         let (lora, nope, v) = (c.kv_lora_rank, c.qk_nope_head_dim, c.v_head_dim);
         let kvb = self.ck.matrix(&format!("{p}.self_attn.kv_b_proj.weight"), heads * (nope + v), lora)?;
         let kvb = kvb.to_f32().map_err(LoadError::Backend)?;
-        let mut uk_t = vec![0f32; heads * lora * nope];
-        let mut uv = vec![0f32; heads * v * lora];
-        for hh in 0..heads {
-            let base = hh * (nope + v);
+        let local = hr.len();
+        let mut uk_t = vec![0f32; local * lora * nope];
+        let mut uv = vec![0f32; local * v * lora];
+        for (hh, head) in hr.clone().enumerate() {
+            let base = head * (nope + v);
             for n in 0..nope {
                 for l in 0..lora {
                     uk_t[(hh * lora + l) * nope + n] = kvb[(base + n) * lora + l];
@@ -154,9 +186,9 @@ impl<'a, B: Backend> Loader<'a, B> {
             q,
             kv_a_proj: self.mat(&format!("{p}.self_attn.kv_a_proj_with_mqa.weight"), lora + c.qk_rope_head_dim, h)?,
             kv_a_layernorm: self.vec(&format!("{p}.self_attn.kv_a_layernorm.weight"), lora)?,
-            w_uk_t: self.be.upload_matrix(&HostMatrix::from_f32(format!("{p}.w_uk_t"), heads * lora, nope, &uk_t))?,
-            w_uv: self.be.upload_matrix(&HostMatrix::from_f32(format!("{p}.w_uv"), heads * v, lora, &uv))?,
-            o_proj: self.mat(&format!("{p}.self_attn.o_proj.weight"), h, heads * v)?,
+            w_uk_t: self.be.upload_matrix(&HostMatrix::from_f32(format!("{p}.w_uk_t"), local * lora, nope, &uk_t))?,
+            w_uv: self.be.upload_matrix(&HostMatrix::from_f32(format!("{p}.w_uv"), local * v, lora, &uv))?,
+            o_proj: self.mat_cols(&format!("{p}.self_attn.o_proj.weight"), h, heads * v, hr.start * v..hr.end * v)?,
         };
         let ffn = if c.is_moe_layer(i) {
             let e = c.n_routed_experts;
@@ -203,34 +235,10 @@ pub(crate) fn stack_rows(name: &str, a: &HostMatrix<'_>, b: &HostMatrix<'_>) -> 
 /// Columns `[0, at)` and `[at, cols)` of `m`, in checkpoint format when the cut falls on a scale
 /// block boundary (always, for unscaled dtypes); otherwise in f32.
 fn split_cols(name: &str, m: &HostMatrix<'_>, at: usize) -> Result<(HostMatrix<'static>, HostMatrix<'static>)> {
-    m.validate()?;
-    let (rows, cols) = (m.rows, m.cols);
-    if at > cols {
-        return Err(LoadError::Backend(BackendError::BadWeight { name: name.into(), reason: format!("cannot split {cols} columns at {at}") }));
+    if at > m.cols {
+        return Err(LoadError::Backend(BackendError::BadWeight { name: name.into(), reason: format!("cannot split {} columns at {at}", m.cols) }));
     }
-    let part = |c0: usize, c1: usize, suffix: &str| -> HostMatrix<'static> {
-        let es = m.dtype.size();
-        let mut bytes = Vec::with_capacity(rows * (c1 - c0) * es);
-        for r in 0..rows {
-            bytes.extend_from_slice(&m.bytes[(r * cols + c0) * es..(r * cols + c1) * es]);
-        }
-        let scales = m.scales.as_ref().map(|s| {
-            let (gr, gc) = s.grid(rows, cols);
-            let (b0, b1) = (c0 / s.block_cols, c1.div_ceil(s.block_cols));
-            let grid = (0..gr).flat_map(|i| s.scales[i * gc + b0..i * gc + b1].iter().copied()).collect();
-            weft_backend::BlockScales { block_rows: s.block_rows, block_cols: s.block_cols, scales: grid }
-        });
-        HostMatrix { name: format!("{name}{suffix}"), rows, cols: c1 - c0, dtype: m.dtype, bytes: Cow::Owned(bytes), scales }
-    };
-    if m.scales.as_ref().is_none_or(|s| at % s.block_cols == 0) {
-        return Ok((part(0, at, "[embedding half]"), part(at, cols, "[hidden half]")));
-    }
-    let v = m.to_f32()?;
-    let half = |c0: usize, c1: usize, suffix: &str| {
-        let vals: Vec<f32> = (0..rows).flat_map(|r| v[r * cols + c0..r * cols + c1].iter().copied()).collect();
-        HostMatrix::from_f32(format!("{name}{suffix}"), rows, c1 - c0, &vals)
-    };
-    Ok((half(0, at, "[embedding half]"), half(at, cols, "[hidden half]")))
+    Ok((shard::cols(m, 0..at, format!("{name}[embedding half]"))?, shard::cols(m, at..m.cols, format!("{name}[hidden half]"))?))
 }
 
 impl<B: Backend> ModelWeights<B> {
@@ -242,7 +250,14 @@ impl<B: Backend> ModelWeights<B> {
     /// As [`Self::load`]; `mtp` false leaves the checkpoint's MTP layers on disk (a serving
     /// process that does not draft with them saves their memory: ~11 GB of fp8 on DeepSeek-V3).
     pub fn load_with(ck: &Checkpoint, cfg: &ModelConfig, be: &B, mtp: bool) -> Result<Self> {
-        let l = Loader { ck, be, cfg };
+        Self::load_shard(ck, cfg, be, mtp, Shard::WHOLE)
+    }
+
+    /// As [`Self::load_with`], only the part rank `shard.rank` of a tensor-parallel group of
+    /// `shard.size` holds (`shard.rs`). Errors when the model does not split evenly.
+    pub fn load_shard(ck: &Checkpoint, cfg: &ModelConfig, be: &B, mtp: bool, shard: Shard) -> Result<Self> {
+        shard::check(cfg, shard).map_err(|reason| BackendError::BadWeight { name: "config.json".into(), reason })?;
+        let l = Loader { ck, be, cfg, shard };
         let (v, h) = (cfg.vocab_size, cfg.hidden_size);
         let embed = l.mat("model.embed_tokens.weight", v, h)?;
         let mut layers = Vec::new();
