@@ -13,7 +13,6 @@
 #include "../sample.cu"
 #include "../gemm.cu"
 #include <cstring>
-#include <mutex>
 #include <type_traits>
 #include <utility>
 
