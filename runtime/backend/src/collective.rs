@@ -23,6 +23,10 @@ pub trait Collective<B: Backend>: Send + Sync {
     fn recordable(&self) -> bool {
         false
     }
+    /// Fails the group: this rank cannot go on (an op failed before its next collective), so
+    /// every rank's current and later collectives return an error instead of waiting for it or
+    /// pairing mismatched steps.
+    fn abort(&self, reason: &str);
 }
 
 /// Which slice of the model a rank holds: rank `rank` of `size`.
@@ -145,6 +149,10 @@ impl<B: Backend> Collective<B> for LocalRank {
 
     fn size(&self) -> usize {
         self.group.size
+    }
+
+    fn abort(&self, reason: &str) {
+        let _ = self.group.poison(format!("rank {}: {reason}", self.rank));
     }
 
     fn all_reduce_sum(&self, be: &B, x: &mut B::Buf) -> Result<()> {

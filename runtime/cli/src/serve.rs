@@ -104,11 +104,17 @@ pub struct ServeArgs {
     /// The oracle's per-draft acceptance probability.
     #[arg(long, default_value_t = 0.7)]
     oracle_acceptance: f64,
+    /// Split the model over this many tensor-parallel ranks, threads of this process on the
+    /// same device (each its own backend), summing through host memory: the sharded math of
+    /// a multi-GPU deployment, for checking it — slower than one rank. The MTP drafter is
+    /// not supported with it.
+    #[arg(long, default_value_t = 1)]
+    tensor_parallel: usize,
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
     let chosen = crate::backend::choose(&a.backend, &a.device)?;
-    let what = chosen.describe();
+    let what = if a.tensor_parallel > 1 { format!("{}, {} tensor-parallel ranks", chosen.describe(), a.tensor_parallel) } else { chosen.describe() };
     // A draft model gets a backend of its own on the same device.
     let device = a.device.clone();
     match chosen {
@@ -117,15 +123,24 @@ pub fn run(a: ServeArgs) -> Result<()> {
     }
 }
 
-fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String, second: impl FnOnce() -> Result<B>) -> Result<()> {
+fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String, second: impl Fn() -> Result<B>) -> Result<()> {
     if a.page_size == 0 || a.num_pages == Some(0) || a.token_budget == 0 || a.max_sequences == 0 {
         bail!("--num-pages, --page-size, --token-budget and --max-sequences must all be at least 1");
+    }
+    if a.tensor_parallel == 0 {
+        bail!("--tensor-parallel must be at least 1");
+    }
+    if a.tensor_parallel > 1 && (a.load_format == "dummy" || a.speculative.as_deref() == Some("mtp")) {
+        bail!("--tensor-parallel {} works with --load-format safetensors and without --speculative mtp", a.tensor_parallel);
     }
     let dir = a.model.clone().unwrap_or_else(crate::default_model_dir);
     let name = a.served_model_name.clone().unwrap_or_else(|| std::fs::canonicalize(&dir).ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())).unwrap_or_else(|| "weft".into()));
     // The checkpoint's MTP layers take memory only when they draft.
     let opts = LoadOptions { mtp: a.speculative.as_deref() == Some("mtp") };
     let lm = match a.load_format.as_str() {
+        "safetensors" | "auto" if a.tensor_parallel > 1 => {
+            LoadedModel::open_tensor_parallel(&dir, a.tensor_parallel, opts, backend, |_| second().map_err(|e| weft_backend::BackendError::Device(format!("{e:#}"))))
+        }
         "safetensors" | "auto" => LoadedModel::open_with(&dir, backend, opts),
         "dummy" => LoadedModel::open_dummy_with(&dir, backend, &crate::default_model_dir(), opts),
         other => bail!("--load-format {other}: expected safetensors or dummy"),

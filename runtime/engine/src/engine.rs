@@ -184,8 +184,7 @@ impl Engine {
 
     fn launch<B: Backend>(model: LoadedModel<B>, drafters: Drafters<B>, registry: Arc<Registry>, cfg: EngineConfig) -> Result<Engine, PluginError> {
         // Device memory is claimed here, so a pool that does not fit is an error, not a dead loop.
-        let kv =
-            model.model.backend.alloc_kv_pool(model.model.kv_layout(cfg.num_pages, cfg.page_size)).map_err(|e| PluginError::Host(format!("allocating the KV pool ({} pages): {e}", cfg.num_pages)))?;
+        let kv = model.model.alloc_kv_pool(cfg.num_pages, cfg.page_size).map_err(|e| PluginError::Host(format!("allocating the KV pool ({} pages): {e}", cfg.num_pages)))?;
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(Mutex::new(EngineStats { total_pages: cfg.num_pages, free_pages: cfg.num_pages, spec_drafter: cfg.spec.as_ref().map_or("", |c| c.drafter.name()), ..Default::default() }));
         let vocab = model.model.cfg.vocab_size;

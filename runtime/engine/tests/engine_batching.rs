@@ -22,20 +22,7 @@ fn params(temperature: f32) -> SamplingParams {
 }
 
 fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
-    GenerationRequest {
-        prompt,
-        params: params(0.0),
-        max_tokens,
-        stop_token_ids: vec![],
-        stop: vec![],
-        ignore_eos: true,
-        seed: 1,
-        sampler: None,
-        logprobs: None,
-        priority: 0,
-        tenant: "t".into(),
-        speculative: true,
-    }
+    common::greedy_request(prompt, max_tokens)
 }
 
 fn prompts(lm: &LoadedModel<CpuBackend>) -> Vec<Vec<u32>> {

@@ -24,6 +24,8 @@ pub struct DeepseekV3<B: Backend> {
     /// The tensor-parallel group this model is one rank of (weights from
     /// `ModelWeights::load_shard`); None for the whole model.
     group: Option<Arc<dyn Collective<B>>>,
+    /// On rank 0 of a group run from one process: the other ranks, which run every step too.
+    followers: Option<crate::tp::Followers>,
 }
 
 impl<B: Backend> DeepseekV3<B> {
@@ -39,7 +41,7 @@ impl<B: Backend> DeepseekV3<B> {
             routed_scaling_factor: cfg.routed_scaling_factor as f32,
         };
         let scale = cfg.softmax_scale() as f32;
-        DeepseekV3 { cfg, weights, backend, rope, router, scale, capture: vec![], group: None }
+        DeepseekV3 { cfg, weights, backend, rope, router, scale, capture: vec![], group: None, followers: None }
     }
 
     /// Makes this model rank `group.rank()` of a tensor-parallel group: its weights must be
@@ -47,6 +49,26 @@ impl<B: Backend> DeepseekV3<B> {
     /// output and every MLP/MoE output are then summed over the group.
     pub fn set_group(&mut self, group: Arc<dyn Collective<B>>) {
         self.group = Some(group);
+    }
+
+    /// The group this model is a rank of.
+    pub fn group(&self) -> Option<&Arc<dyn Collective<B>>> {
+        self.group.as_ref()
+    }
+
+    /// Makes this model (rank 0 of its group) drive `followers`, the group's other ranks:
+    /// each forward step is sent to them before it runs here.
+    pub fn set_followers(&mut self, followers: crate::tp::Followers) {
+        self.followers = Some(followers);
+    }
+
+    /// The latent pool for `num_pages` pages of `page_size` tokens — on every rank of a group
+    /// this model drives, so that page numbers mean the same everywhere.
+    pub fn alloc_kv_pool(&self, num_pages: usize, page_size: usize) -> Result<B::KvPool> {
+        if let Some(f) = &self.followers {
+            f.alloc_pools(num_pages, page_size).map_err(|e| weft_backend::BackendError::Device(format!("tensor-parallel ranks: {e}")))?;
+        }
+        self.backend.alloc_kv_pool(self.kv_layout(num_pages, page_size))
     }
 
     /// Attention heads this rank computes.
@@ -88,8 +110,19 @@ impl<B: Backend> DeepseekV3<B> {
     /// block per captured layer ([`Self::set_capture`]). The backend may replay a recorded
     /// step of the same shape instead of issuing each op ([`Backend::run_step`]).
     pub fn forward_hidden(&self, pool: &mut B::KvPool, batch: &StepBatch<'_>) -> Result<B::Buf> {
-        if self.group.as_ref().is_some_and(|g| !g.recordable()) {
-            return self.forward_ops(pool, batch);
+        if let Some(g) = self.group.as_ref().filter(|g| !g.recordable()) {
+            if let Some(f) = &self.followers {
+                if let Err(e) = f.step(batch) {
+                    g.abort(&e);
+                    return Err(weft_backend::BackendError::Device(e));
+                }
+            }
+            let out = self.forward_ops(pool, batch);
+            if let (Err(e), Some(_)) = (&out, &self.followers) {
+                // The followers would wait for this rank at the next all-reduce: fail them.
+                g.abort(&e.to_string());
+            }
+            return out;
         }
         let out_len = batch.tokens.len() * self.cfg.hidden_size * (1 + self.capture.len());
         self.backend.run_step(pool, batch, out_len, &mut |pool| self.forward_ops(pool, batch))
@@ -157,6 +190,10 @@ impl<B: Backend> DeepseekV3<B> {
         let be = &self.backend;
         let (h, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps as f32);
         let w = self.mtp_module(k)?;
+        if self.followers.is_some() {
+            // The follower ranks run forward steps only: an all-reduce here would wait forever.
+            return Err(weft_backend::BackendError::Shape { op: "mtp", reason: "the MTP drafter does not run under tensor parallelism yet".into() });
+        }
         let e = be.rms_norm(&be.embed(&self.weights.embed, batch.tokens)?, h, &w.enorm, eps)?;
         let hn = be.rms_norm(prev, h, &w.hnorm, eps)?;
         // eh_proj · concat(e, hn), as the sum of its two column halves' products.

@@ -10,6 +10,7 @@ pub mod graph;
 pub mod sampling;
 pub mod shard;
 pub mod tokenizer;
+pub mod tp;
 pub mod weights;
 
 pub use config::ModelConfig;
@@ -75,6 +76,19 @@ impl<B: Backend> LoadedModel<B> {
     /// logits. Errors when the model's heads or intermediate sizes do not split evenly.
     pub fn open_shard(dir: &Path, backend: B, opts: LoadOptions, group: std::sync::Arc<dyn weft_backend::Collective<B>>) -> Result<Self, ModelError> {
         Self::open_part(dir, backend, opts, Some(group))
+    }
+
+    /// A tensor-parallel group of `size` ranks in this process (threads exchanging through
+    /// host memory, `weft_backend::LocalGroup`): rank 0, on `lead`, is returned and drives the
+    /// others ([`tp::Followers`]), each on a backend from `backend(rank)` — the CPU, or the
+    /// same GPU for every rank on a one-GPU machine. Steps then run op by op on every rank.
+    pub fn open_tensor_parallel(dir: &Path, size: usize, opts: LoadOptions, lead: B, backend: impl Fn(usize) -> Result<B, weft_backend::BackendError>) -> Result<Self, ModelError> {
+        let group = weft_backend::LocalGroup::new(size.max(1));
+        let rank = |r: usize| -> std::sync::Arc<dyn weft_backend::Collective<B>> { std::sync::Arc::new(group.rank(r)) };
+        let followers = (1..size).map(|r| Self::open_shard(dir, backend(r)?, opts, rank(r))).collect::<Result<Vec<_>, _>>()?;
+        let mut lead = Self::open_shard(dir, lead, opts, rank(0))?;
+        lead.model.set_followers(tp::Followers::start(followers).map_err(|e| ModelError::Backend(weft_backend::BackendError::Device(format!("tensor-parallel threads: {e}"))))?);
+        Ok(lead)
     }
 
     fn open_part(dir: &Path, backend: B, opts: LoadOptions, group: Option<std::sync::Arc<dyn weft_backend::Collective<B>>>) -> Result<Self, ModelError> {

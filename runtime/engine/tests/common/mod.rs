@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use std::time::{Duration, Instant};
-use weft_engine::{Engine, Event};
+use weft_engine::{Engine, Event, GenerationRequest};
 
 pub fn collect(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Event>) -> (Vec<u32>, String, Option<Event>) {
     let (mut ids, mut text) = (vec![], String::new());
@@ -23,6 +23,24 @@ pub fn collect(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Event>) -> (Vec<u32
         }
     }
     (ids, text, None)
+}
+
+/// A greedy request for `max_tokens` tokens that ignores EOS (seed 1, tenant "t").
+pub fn greedy_request(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
+    GenerationRequest {
+        prompt,
+        params: weft_plugin_host::SamplingParams { temperature: 0.0, ..weft_plugin_host::neutral_params(0) },
+        max_tokens,
+        stop_token_ids: vec![],
+        stop: vec![],
+        ignore_eos: true,
+        seed: 1,
+        sampler: None,
+        logprobs: None,
+        priority: 0,
+        tenant: "t".into(),
+        speculative: true,
+    }
 }
 
 pub fn wait_idle(engine: &Engine) {
