@@ -221,8 +221,9 @@ fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String, second: impl Fn() 
                 bail!("--kv-memory-fraction {f}: must be in (0, 1]");
             }
             let (free, total) = lm.model.backend.memory_info().with_context(|| format!("--kv-memory-fraction: the {} backend cannot report its memory; use --num-pages", lm.model.backend.name()))?;
-            // A draft model's cache gets as many pages as the target's.
-            let per_page = lm.model.kv_layout(1, a.page_size).bytes_per_page_f32()
+            // A draft model's cache gets as many pages as the target's; every tensor-parallel
+            // rank holds a whole latent pool on this device.
+            let per_page = lm.model.kv_layout(1, a.page_size).bytes_per_page_f32() * a.tensor_parallel
                 + draft.as_ref().map_or(0, |d| d.model.kv_layout(1, a.page_size).bytes_per_page_f32())
                 + dflash.as_ref().map_or(0, |d| d.kv_layout(1, a.page_size).bytes_per_page_f32());
             let budget = (total as f64 * f) as i64 - (total - free) as i64;
