@@ -244,7 +244,7 @@ fn main() {
                 step * 1e3,
                 if !recorded {
                     " (not recorded)".to_string()
-                } else if be.pdl {
+                } else if be.pdl() {
                     format!(" [pdl {}/{}]", after.programmatic_edges, after.memory_nodes)
                 } else {
                     String::new()
@@ -262,7 +262,7 @@ fn main() {
     }
 
     let st = be.graph_stats();
-    println!("(step graphs: {} programmatic kernel-to-kernel edges in the latest recording; WEFT_CUDA_PDL={})", st.programmatic_edges, be.pdl as u8);
+    println!("(step graphs: {} programmatic kernel-to-kernel edges in the latest recording; WEFT_CUDA_PDL={})", st.programmatic_edges, be.pdl() as u8);
     if let Some(e) = st.last_failure {
         println!("(a step graph failed to record: {e})");
     }

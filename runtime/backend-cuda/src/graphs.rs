@@ -272,14 +272,13 @@ impl CudaBackend {
                 g.graphs.remove(&old);
             }
         }
+        #[cfg(feature = "cuda")]
+        {
+            (g.stats.programmatic_edges, g.stats.memory_nodes) = (graph.programmatic, graph.memory_nodes);
+        }
         let used = g.clock;
         g.graphs.insert(shape, Recorded { graph, out, _keep: keep, used });
         g.stats.recorded += 1;
-        #[cfg(feature = "cuda")]
-        {
-            g.stats.programmatic_edges = g.graphs[&shape].graph.programmatic;
-            g.stats.memory_nodes = g.graphs[&shape].graph.memory_nodes;
-        }
         Ok(result)
     }
 }

@@ -229,10 +229,8 @@ pub struct CudaBackend {
     /// Fewest heads per MLA block when splitting the head groups to fill the GPU (8;
     /// `WEFT_CUDA_MLA_MIN_GROUP`, 16 keeps whole groups).
     pub mla_min_group: usize,
-    /// Step graphs get programmatic edges between weft's kernels (`pdl`): Hopper and later,
-    /// unless `WEFT_CUDA_PDL=0`.
-    pub pdl: bool,
-    /// Where ops allocate while a step is recorded when `pdl` is on.
+    /// Where ops allocate while a step is recorded, when step graphs get programmatic edges
+    /// ([`Self::pdl`]).
     #[cfg(feature = "cuda")]
     arena: Option<pdl::RecordingArena>,
     /// Fewest 16-token tiles per MLA context split (1; `WEFT_CUDA_MLA_SPLIT_TILES`): fewer,
@@ -401,10 +399,6 @@ impl CudaBackend {
         let mma = !HIP && std::env::var("WEFT_CUDA_MMA").map_or(true, |v| v != "0");
         #[cfg(feature = "cuda")]
         let arena = (arch_number(arch) >= 90 && std::env::var("WEFT_CUDA_PDL").map_or(true, |v| v != "0")).then(|| pdl::RecordingArena::new(&ctx)).transpose()?;
-        #[cfg(feature = "cuda")]
-        let pdl = arena.is_some();
-        #[cfg(not(feature = "cuda"))]
-        let pdl = false;
         Ok(CudaBackend {
             ctx,
             stream,
@@ -419,7 +413,6 @@ impl CudaBackend {
             slow_paths,
             mma,
             mma_min_m: std::env::var("WEFT_CUDA_MMA_MIN_M").ok().and_then(|v| v.parse().ok()).unwrap_or(2),
-            pdl,
             #[cfg(feature = "cuda")]
             arena,
             gemm_split: std::env::var("WEFT_CUDA_GEMM_SPLIT").map_or(true, |v| v != "0"),
@@ -438,6 +431,15 @@ impl CudaBackend {
             graphs: Mutex::new(graphs::StepGraphs::from_env()),
             recording: Mutex::new(None),
         })
+    }
+
+    /// Whether step graphs get programmatic edges between weft's kernels (`pdl`): Hopper and
+    /// later, unless `WEFT_CUDA_PDL=0`.
+    pub fn pdl(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        return self.arena.is_some();
+        #[cfg(not(feature = "cuda"))]
+        false
     }
 
     fn func(&self, name: &str) -> &CudaFunction {
@@ -484,7 +486,7 @@ impl CudaBackend {
         let flags = cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
         #[cfg(feature = "cuda")]
         let graph = {
-            let ours: std::collections::HashSet<usize> = if self.pdl { self.funcs.values().map(|f| f.cu_function() as usize).collect() } else { Default::default() };
+            let ours: std::collections::HashSet<usize> = if self.pdl() { self.funcs.values().map(|f| f.cu_function() as usize).collect() } else { Default::default() };
             StepGraph::end_capture(&self.stream, &ours, flags)?
         };
         #[cfg(not(feature = "cuda"))]

@@ -67,7 +67,6 @@ pub(crate) fn upload(be: &CudaBackend, m: &HostMatrix<'_>) -> Result<CudaMatrix>
 }
 
 impl CudaBackend {
-    /// An output buffer (NaN-filled when poisoning).
     /// Device memory for an op's output or scratch (at least one element, uninitialised): from
     /// the stream's pool, or while a step graph with programmatic edges is recorded from the
     /// recording arena (`pdl`), so that the graph holds no memory nodes.
@@ -79,6 +78,7 @@ impl CudaBackend {
         unsafe { self.stream.alloc::<T>(n.max(1)) }.map_err(dev)
     }
 
+    /// An output buffer (NaN-filled when poisoning).
     pub(crate) fn out(&self, n: usize) -> Result<CudaSlice<f32>> {
         let mut b = self.alloc::<f32>(n)?;
         if self.poison {

@@ -102,7 +102,7 @@ fn replayed_steps_equal_op_by_op_steps() {
     let st = pdl.model.backend.graph_stats();
     eprintln!("with programmatic edges: {st:?}");
     assert_eq!((st.failed, st.last_failure.as_deref()), (0, None), "{st:?}");
-    if pdl.model.backend.pdl {
+    if pdl.model.backend.pdl() {
         assert!(st.programmatic_edges > 0 && st.memory_nodes == 0, "{st:?}");
     }
 }

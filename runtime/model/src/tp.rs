@@ -9,9 +9,8 @@
 use crate::graph::StepBatch;
 use crate::LoadedModel;
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::Arc;
 use std::thread::JoinHandle;
-use weft_backend::{AttnRow, Backend, Collective};
+use weft_backend::{AttnRow, Backend};
 
 /// A step batch that owns its arrays (what crosses to a follower thread).
 struct OwnedBatch {
@@ -110,6 +109,3 @@ fn follow<B: Backend>(lm: LoadedModel<B>, rx: Receiver<Msg>) {
         }
     }
 }
-
-/// The group handle type the ranks share.
-pub type Group<B> = Arc<dyn Collective<B>>;

@@ -125,9 +125,8 @@ impl<'a, B: Backend> Loader<'a, B> {
     }
 
     /// gate_proj and up_proj stacked into `[2*inter, hidden]`, in checkpoint format when the
-    /// block grid allows it.
-    /// On a sharded model, this rank's slice of the intermediate dimension: those rows of gate
-    /// and up, those columns of down.
+    /// block grid allows it, with down_proj; on a sharded model only this rank's slice of the
+    /// intermediate dimension (those rows of gate and up, those columns of down).
     fn gate_up(&self, prefix: &str, inter: usize) -> Result<ExpertWeights<B::Matrix>> {
         let h = self.cfg.hidden_size;
         let (gn, un) = (format!("{prefix}.gate_proj.weight"), format!("{prefix}.up_proj.weight"));
