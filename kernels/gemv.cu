@@ -62,11 +62,14 @@ __device__ __forceinline__ void rows_dot(WeightRef W, const u32* rix, u32 nr, u3
 #pragma unroll
             for (int q = 0; q < R; q++) {
                 u32 p[4] = {v[u][q].x, v[u][q].y, v[u][q].z, v[u][q].w};
+                float f4[4];
 #pragma unroll
                 for (int i = 0; i < E; i++) {
                     if (KIND == WK_BF16) w[q][i] = __uint_as_float(i % 2 ? p[i / 2] & 0xffff0000u : p[i / 2] << 16);
-                    else if (KIND == WK_FP8) w[q][i] = fp8_to_f32((p[i / 4] >> (8 * (i % 4))) & 0xffu) * s[u][q];
-                    else w[q][i] = __uint_as_float(p[i]);
+                    else if (KIND == WK_FP8) {
+                        if (i % 4 == 0) fp8x4_to_f32(p[i / 4], f4);
+                        w[q][i] = f4[i % 4] * s[u][q];
+                    } else w[q][i] = __uint_as_float(p[i]);
                 }
             }
 #pragma unroll

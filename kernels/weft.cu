@@ -105,6 +105,12 @@ extern "C" __global__ void add_inplace(float* x, const float* y, i64 n) { WEFT_P
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) x[i] += y[i];
 }
 
+// out = s[0..n) + s[n..2n): the two halves of a GEMM that took an activation's two bf16 parts
+// as stacked rows (ops.rs, `gemm`).
+extern "C" __global__ void add_halves(const float* __restrict__ s, float* __restrict__ out, i64 n) { WEFT_PDL_ENTRY();
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) out[i] = s[i] + s[n + i];
+}
+
 extern "C" __global__ void silu_mul(const float* __restrict__ gu, float* __restrict__ out, u32 inter) { WEFT_PDL_ENTRY();
     const float* g = gu + (i64)blockIdx.x * 2 * inter;
     for (u32 j = threadIdx.x; j < inter; j += blockDim.x) {

@@ -18,6 +18,13 @@ const THREADS: u32 = 256;
 /// cuBLAS. They start at 2 rows (one row is the CUDA-core kernels' case; `WEFT_CUDA_MMA_MIN_M`
 /// moves that, for measurements).
 pub const MMA_MAX_M: usize = 64;
+/// Most activation rows the tensor-core kernels take by default, for [bf16, fp8] weights. Past
+/// 32 rows a bf16 matrix goes to cuBLAS: there each activation is re-read by every 32-row block
+/// and the weights once per 32-row pass, and at 64 rows cuBLAS's two bf16 passes (plus the
+/// split cast) take 15–29 µs where these take 20–45 µs per Moonlight projection; the step at
+/// batch 64 went 21.4 → 19.5 ms (results/roofline-h200.md, round 7). fp8 weights keep them up to
+/// 64: cuBLAS would first write a bf16 copy (batch-64 Kimi slice 30.7 → 32.7 ms when moved).
+pub const MMA_DEFAULT_MAX_M: [usize; 2] = [32, MMA_MAX_M];
 /// Floats of the dense tensor-core kernels' shared reduction buffer (`MMA_SPLIT_FLOATS`): a
 /// sub-group's partial sums take 256 per 8 activation rows of a pass.
 const MMA_SPLIT_FLOATS: usize = 8192;
@@ -161,7 +168,7 @@ impl CudaBackend {
     /// `m` activation rows: whole 16-byte-per-lane chunks along each row (32 bf16 or 64 fp8
     /// columns), whole 32-row units inside one group, one fp8 scale per 16-row tile and chunk.
     pub(crate) fn gemv_mma_fits(&self, w: &CudaMatrix, m: usize, group_rows: usize) -> bool {
-        if !self.mma || self.slow_paths || !(self.mma_min_m..=MMA_MAX_M).contains(&m) || w.f32_data.is_some() {
+        if !self.mma || self.slow_paths || !(self.mma_min_m..=self.mma_max_m[w.fp8.is_some() as usize]).contains(&m) || w.f32_data.is_some() {
             return false;
         }
         mma_takes(w) && w.rows % MMA_UNIT == 0 && group_rows % MMA_UNIT == 0

@@ -91,6 +91,7 @@ pub const KERNELS: &[&str] = &[
     "rms_norm",
     "add_rms_norm",
     "add_inplace",
+    "add_halves",
     "silu_mul",
     "split_rope_q",
     "store_kv",
@@ -221,11 +222,20 @@ pub struct CudaBackend {
     pub mma: bool,
     /// Fewest activation rows the dense tensor-core kernels take (2; `WEFT_CUDA_MMA_MIN_M`).
     pub mma_min_m: usize,
+    /// Most activation rows the dense tensor-core kernels take for bf16 / fp8 weights
+    /// (`gemv::MMA_DEFAULT_MAX_M`: 32 / 64; `WEFT_CUDA_MMA_MAX_M` / `WEFT_CUDA_MMA_MAX_M_FP8`
+    /// move them, up to 64, for measurements).
+    pub mma_max_m: [usize; 2],
     /// cuBLAS GEMMs take f32 activations as two bf16 parts in two passes (default), so a row's
     /// result does not depend on which kernel its batch size picked, to f32-accumulation
     /// distance: greedy speculative decoding then matches plain decoding. `WEFT_CUDA_GEMM_SPLIT=0`:
     /// one pass with bf16-rounded activations (~1e-3 relative; half the GEMM work).
     pub gemm_split: bool,
+    /// Up to this many activation rows, a split cuBLAS GEMM of one weight takes the two parts as
+    /// one GEMM of twice the rows (the weight read once, one GEMM launch) plus `add_halves`,
+    /// instead of two accumulating passes (64; `WEFT_CUDA_GEMM_STACK_MAX_M`, 0 = always two
+    /// passes). Larger GEMMs gain nothing from it and pay the extra pass over the output.
+    pub gemm_stack_max_m: usize,
     /// Fewest heads per MLA block when splitting the head groups to fill the GPU (8;
     /// `WEFT_CUDA_MLA_MIN_GROUP`, 16 keeps whole groups).
     pub mla_min_group: usize,
@@ -413,9 +423,14 @@ impl CudaBackend {
             slow_paths,
             mma,
             mma_min_m: std::env::var("WEFT_CUDA_MMA_MIN_M").ok().and_then(|v| v.parse().ok()).unwrap_or(2),
+            mma_max_m: [0, 1].map(|i| {
+                let var = ["WEFT_CUDA_MMA_MAX_M", "WEFT_CUDA_MMA_MAX_M_FP8"][i];
+                std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(gemv::MMA_DEFAULT_MAX_M[i]).min(gemv::MMA_MAX_M)
+            }),
             #[cfg(feature = "cuda")]
             arena,
             gemm_split: std::env::var("WEFT_CUDA_GEMM_SPLIT").map_or(true, |v| v != "0"),
+            gemm_stack_max_m: std::env::var("WEFT_CUDA_GEMM_STACK_MAX_M").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
             mla_split_tiles: std::env::var("WEFT_CUDA_MLA_SPLIT_TILES").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1),
             mla_min_group: std::env::var("WEFT_CUDA_MLA_MIN_GROUP").ok().and_then(|v| v.parse().ok()).unwrap_or(8).max(1),
             mla_waves: std::env::var("WEFT_CUDA_MLA_WAVES").ok().and_then(|v| v.parse().ok()).unwrap_or(4).max(1),

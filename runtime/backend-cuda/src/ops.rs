@@ -162,38 +162,54 @@ impl CudaBackend {
             }
         }
         let elem = if ty == cudaDataType::CUDA_R_16BF { 2 } else { 4 };
-        let blas = self.blas.lock().unwrap();
-        let (pc, _gc) = out.device_ptr_mut(&self.stream);
-        for (i, &off) in passes.iter().enumerate() {
-            let (alpha, beta) = (1.0f32, if i == 0 { 0.0f32 } else { 1.0 });
-            unsafe {
-                cudarc::cublas::result::gemm_strided_batched_ex(
-                    *blas.handle(),
-                    cublasOperation_t::CUBLAS_OP_T,
-                    cublasOperation_t::CUBLAS_OP_N,
-                    n as i32,
-                    m as i32,
-                    k as i32,
-                    &alpha as *const f32 as *const c_void,
-                    pa as *const c_void,
-                    ty,
-                    k as i32,
-                    (n * k) as i64,
-                    (pb + (off * elem) as u64) as *const c_void,
-                    ty,
-                    ldb as i32,
-                    k as i64,
-                    &beta as *const f32 as *const c_void,
-                    pc as *mut c_void,
-                    cudaDataType::CUDA_R_32F,
-                    ldc as i32,
-                    n as i64,
-                    batch as i32,
-                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                )
+        // Two parts of a few rows (a plain linear): one GEMM over the parts stacked as 2m rows
+        // (they lie one after the other, `m * ldb` elements apart), then add the halves.
+        let stack = passes.len() == 2 && batch == 1 && ldb == k && ldc == n && m > 0 && m <= self.gemm_stack_max_m;
+        let mut stacked = if stack { Some(self.alloc::<f32>(2 * m * n)?) } else { None };
+        {
+            let blas = self.blas.lock().unwrap();
+            let (pc, _gc) = match stacked.as_mut() {
+                Some(st) => st.device_ptr_mut(&self.stream),
+                None => out.device_ptr_mut(&self.stream),
+            };
+            let runs: Vec<(usize, usize)> = if stack { vec![(2 * m, 0)] } else { passes.iter().map(|&off| (m, off)).collect() };
+            for (i, &(rows, off)) in runs.iter().enumerate() {
+                let (alpha, beta) = (1.0f32, if i == 0 { 0.0f32 } else { 1.0 });
+                unsafe {
+                    cudarc::cublas::result::gemm_strided_batched_ex(
+                        *blas.handle(),
+                        cublasOperation_t::CUBLAS_OP_T,
+                        cublasOperation_t::CUBLAS_OP_N,
+                        n as i32,
+                        rows as i32,
+                        k as i32,
+                        &alpha as *const f32 as *const c_void,
+                        pa as *const c_void,
+                        ty,
+                        k as i32,
+                        (n * k) as i64,
+                        (pb + (off * elem) as u64) as *const c_void,
+                        ty,
+                        ldb as i32,
+                        k as i64,
+                        &beta as *const f32 as *const c_void,
+                        pc as *mut c_void,
+                        cudaDataType::CUDA_R_32F,
+                        ldc as i32,
+                        n as i64,
+                        batch as i32,
+                        cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                        cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                    )
+                }
+                .map_err(dev)?;
             }
-            .map_err(dev)?;
+        }
+        if let Some(st) = &stacked {
+            let half = (m * n) as i64;
+            let mut l = self.stream.launch_builder(self.func("add_halves"));
+            l.arg(st).arg(&mut *out).arg(&half);
+            unsafe { l.launch(flat(m * n)) }.map_err(dev)?;
         }
         Ok(())
     }

@@ -156,6 +156,20 @@ fn dense_ops_match_cpu() {
         let forty = if mma { MMA_TOL } else { FP8_COPY_TOL };
         decode_sized_linears(&g, &c, &mut r, &gate, few, forty, mma);
     }
+    // Past 32 rows bf16 weights go to cuBLAS by default; the tensor-core kernels' two-pass case
+    // (33–64 rows) stays covered with the bound raised.
+    let bounds = g.mma_max_m;
+    g.mma_max_m = [64, 64];
+    for mm in [40usize, 64] {
+        let wm = bf16_matrix(&mut r, 3072, 2048, 0.05);
+        let xin = r.vec(mm * 2048, 1.0);
+        let got = g.download(&g.linear(&g.upload(&xin).unwrap(), &g.upload_matrix(&wm).unwrap()).unwrap()).unwrap();
+        check(&format!("gemv bf16 m={mm} two tensor-core passes"), &got, &c.linear(&xin, &c.upload_matrix(&wm).unwrap()).unwrap(), MMA_TOL);
+        let wm = bf16_matrix(&mut r, 2 * 1408, 2048, 0.05);
+        let got = g.download(&g.gated_up(&g.upload(&xin).unwrap(), &g.upload_matrix(&wm).unwrap(), 1408).unwrap()).unwrap();
+        check(&format!("gated_up bf16 m={mm} two tensor-core passes"), &got, &c.gated_up(&xin, &c.upload_matrix(&wm).unwrap(), 1408).unwrap(), MMA_TOL);
+    }
+    g.mma_max_m = bounds;
     let gu = r.vec(m * 2 * 1408, 4.0);
     check("silu_mul", &g.download(&g.silu_mul(&g.upload(&gu).unwrap(), 1408).unwrap()).unwrap(), &c.silu_mul(&gu, 1408).unwrap(), F32_TOL);
 }
