@@ -231,3 +231,51 @@ extern "C" __global__ void moe_combine(const float* __restrict__ y, const float*
     if (has_add) s += add[t * hidden + d];
     out[t * hidden + d] = s;
 }
+
+// Prefill-sized MoE through grouped cuBLAS GEMMs (src/moe_grouped.rs). A pair p (a token
+// routed to an expert) owns two rows of its expert's stacked GEMM operand, hi[p] and lo[p]: the
+// activation's bf16 rounding and the bf16 of the rounding's error (as cast_f32_bf16_split), so
+// one GEMM per expert takes both parts and the result rows add up to the f32-activation product.
+// One block per pair.
+extern "C" __global__ void moe_pairs_split(const float* __restrict__ x, const u32* tok, const u32* hi, const u32* lo, u16* out, u32 d) { WEFT_PDL_ENTRY();
+    const u32 p = blockIdx.x;
+    const float* xr = x + (i64)tok[p] * d;
+    u16* oh = out + (i64)hi[p] * d;
+    u16* ol = out + (i64)lo[p] * d;
+    for (u32 j = threadIdx.x; j < d; j += blockDim.x) {
+        u16 h = f32_to_bf16(xr[j]);
+        oh[j] = h;
+        ol[j] = f32_to_bf16(xr[j] - bf16_to_f32(h));
+    }
+}
+
+// h = silu(gate) * up from the pair's two gate|up result rows (summed), written back as the two
+// bf16 parts of the down GEMM's operand, in the same rows.
+extern "C" __global__ void moe_pairs_silu_split(const float* __restrict__ gu, const u32* hi, const u32* lo, u16* out, u32 inter) { WEFT_PDL_ENTRY();
+    const u32 p = blockIdx.x;
+    const float* gh = gu + (i64)hi[p] * 2 * inter;
+    const float* gl = gu + (i64)lo[p] * 2 * inter;
+    u16* oh = out + (i64)hi[p] * inter;
+    u16* ol = out + (i64)lo[p] * inter;
+    for (u32 j = threadIdx.x; j < inter; j += blockDim.x) {
+        float a = gh[j] + gl[j];
+        float v = a / (1.0f + expf(-a)) * (gh[inter + j] + gl[inter + j]);
+        u16 h = f32_to_bf16(v);
+        oh[j] = h;
+        ol[j] = f32_to_bf16(v - bf16_to_f32(h));
+    }
+}
+
+// out[t] = Σ_q w[t, q] · (y[hi[p]] + y[lo[p]]) over the token's k pairs p = tpair[t, q], in the
+// order given (ascending expert, as the per-expert scatter it replaces). One block per token.
+extern "C" __global__ void moe_pairs_combine(const float* __restrict__ y, const u32* hi, const u32* lo, const u32* tpair, const float* tw, float* out, u32 k, u32 d) { WEFT_PDL_ENTRY();
+    const u32 t = blockIdx.x;
+    for (u32 j = threadIdx.x; j < d; j += blockDim.x) {
+        float s = 0.f;
+        for (u32 q = 0; q < k; q++) {
+            u32 p = tpair[(i64)t * k + q];
+            s += tw[(i64)t * k + q] * (y[(i64)hi[p] * d + j] + y[(i64)lo[p] * d + j]);
+        }
+        out[(i64)t * d + j] = s;
+    }
+}

@@ -18,5 +18,5 @@ for line in sys.stdin:
     cp "$test_bin" .device/cuda-$t-test
 done
 cp target/release/weft target/release/examples/gpu_bench target/release/examples/roofline .device/
-strip .device/*
+strip .device/cuda-*-test .device/weft .device/gpu_bench .device/roofline
 du -sh .device

@@ -33,6 +33,8 @@ mod gqa;
 mod graphs;
 mod mla;
 mod moe;
+#[cfg(feature = "cuda")]
+mod moe_grouped;
 mod ops;
 #[cfg(feature = "cuda")]
 mod pdl;
@@ -92,6 +94,9 @@ pub const KERNELS: &[&str] = &[
     "add_rms_norm",
     "add_inplace",
     "add_halves",
+    "moe_pairs_split",
+    "moe_pairs_silu_split",
+    "moe_pairs_combine",
     "silu_mul",
     "split_rope_q",
     "store_kv",
@@ -253,6 +258,10 @@ pub struct CudaBackend {
     /// tensor-core expert kernels (`WEFT_CUDA_MOE_DEVICE_TOKENS`, default 32); past it,
     /// routing on the host and a cuBLAS GEMM pair per expert.
     pub moe_device_tokens: usize,
+    /// Past the device path, bf16 experts run as two grouped cuBLAS GEMMs over all active
+    /// experts (`moe_grouped.rs`) instead of a GEMM pair per expert (`WEFT_CUDA_MOE_GROUPED=0`:
+    /// the per-expert path, for comparisons).
+    pub moe_grouped: bool,
     pub num_sms: usize,
     /// Largest dynamic shared memory a block may opt into.
     pub smem_optin: usize,
@@ -435,6 +444,7 @@ impl CudaBackend {
             mla_min_group: std::env::var("WEFT_CUDA_MLA_MIN_GROUP").ok().and_then(|v| v.parse().ok()).unwrap_or(8).max(1),
             mla_waves: std::env::var("WEFT_CUDA_MLA_WAVES").ok().and_then(|v| v.parse().ok()).unwrap_or(4).max(1),
             moe_device_tokens: std::env::var("WEFT_CUDA_MOE_DEVICE_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(32),
+            moe_grouped: std::env::var("WEFT_CUDA_MOE_GROUPED").map_or(true, |v| v != "0"),
             num_sms,
             smem_optin,
             uploads: uploads::UploadCache::default(),

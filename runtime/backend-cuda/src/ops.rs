@@ -541,6 +541,10 @@ impl CudaBackend {
                 assigned[ex].push((t as u32, w));
             }
         }
+        #[cfg(feature = "cuda")]
+        if m > 0 && self.moe_grouped_fits(experts) {
+            return self.moe_grouped(x, &assigned, experts, m, hidden, cfg_r.top_k);
+        }
         let mut out = self.stream.alloc_zeros::<f32>((m * hidden).max(1)).map_err(dev)?;
         let d = hidden as u32;
         for (ex, toks) in assigned.iter().enumerate() {

@@ -335,13 +335,21 @@ fn check_moe_favouring(g: &CudaBackend, c: &CpuBackend, r: &mut Rng, cfg: &Route
 
 #[test]
 fn moe_matches_cpu() {
-    let Some(g) = gpu() else { return };
+    let Some(mut g) = gpu() else { return };
     let c = CpuBackend::new();
     let mut r = Rng(3);
     let (m, hidden, inter, e) = (37, 1024, 352, 32);
     let cfg = RouterConfig { n_experts: e, top_k: 6, n_group: 4, topk_group: 2, norm_topk_prob: true, routed_scaling_factor: 2.446 };
     let experts = experts_on_both(&g, &c, &mut r, e, hidden, inter, |r, rows, cols| bf16_matrix(r, rows, cols, 0.05));
     check_moe(&g, &c, &mut r, &cfg, &experts, m, hidden, "moe (route + experts)", GEMM_TOL);
+    // Prefill-sized batches (past the device path: ~56 and ~60 tokens per expert, odd and even
+    // m for the shared-expert add) route on the host: the grouped GEMMs, and the per-expert path.
+    for grouped in [true, false] {
+        g.moe_grouped = grouped;
+        for m in [299usize, 320] {
+            check_moe(&g, &c, &mut r, &cfg, &experts, m, hidden, &format!("moe host-routed m={m} grouped={grouped}"), GEMM_TOL);
+        }
+    }
 }
 
 /// The tensor-core kernels feed each activation as two bf16 parts (the rounded value and its

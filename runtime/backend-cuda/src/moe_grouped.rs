@@ -1,0 +1,187 @@
+//! Routed experts for prefill-sized batches (NVIDIA): the active experts' gate|up products as a
+//! few batched cuBLAS GEMMs (`cublasGemmBatchedEx` over pointer arrays, one call per
+//! power-of-two bucket of experts' token counts, each expert's rows padded to its bucket), SiLU,
+//! the down products likewise, and a per-token weighted sum — about a dozen launches per layer
+//! where the per-expert path (`ops.rs`, `moe_host_routed`) took about ten per active expert (640
+//! for a 1024-token Moonlight prefill). (`cublasGemmGroupedBatchedEx` would need no padding but
+//! refuses f32 outputs from bf16 inputs: CUBLAS_STATUS_NOT_SUPPORTED on the H200, CUDA 13.)
+//!
+//! Activations keep the numerics of every other cuBLAS GEMM here (`gemm_split`): each is two bf16
+//! parts, and a pair (token, expert) owns two rows of its expert's operand, so one GEMM per expert
+//! takes both parts (kernels `moe_pairs_*` in kernels/moe.cu). Only bf16 expert weights take this
+//! path; fp8 ones would first need bf16 copies of every active expert.
+
+use crate::{dev, CudaBackend, CudaMatrix};
+use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasGemmBatchedEx, cublasOperation_t, cublasStatus_t, cudaDataType};
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use std::ffi::c_void;
+use weft_backend::{BackendError, ExpertWeights, Result};
+
+const BLOCK: u32 = 256;
+
+fn blocks(n: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: (n.max(1) as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// Where each pair's rows lie: pairs in expert order; an expert with `c` pairs gets a slot of
+/// `2b` rows, `b` the power of two at or above `c` (at least 8): its pairs take rows
+/// `row0..row0 + c` (hi parts) and `row0 + b..row0 + b + c` (lo parts); the other rows are
+/// padding, computed and never read.
+struct PairLayout {
+    tok: Vec<u32>,
+    hi: Vec<u32>,
+    lo: Vec<u32>,
+    /// (expert, first row, bucket) per active expert.
+    groups: Vec<(usize, usize, usize)>,
+    rows: usize,
+    /// Per token, its pairs in ascending expert order, and their routing weights.
+    tpair: Vec<u32>,
+    tw: Vec<f32>,
+}
+
+impl PairLayout {
+    fn new(assigned: &[Vec<(u32, f32)>], m: usize, k: usize) -> Result<Self> {
+        let mut l = PairLayout { tok: vec![], hi: vec![], lo: vec![], groups: vec![], rows: 0, tpair: vec![], tw: vec![] };
+        let mut per_token: Vec<Vec<(u32, f32)>> = vec![Vec::with_capacity(k); m];
+        let mut row = 0usize;
+        for (e, toks) in assigned.iter().enumerate() {
+            let c = toks.len();
+            if c == 0 {
+                continue;
+            }
+            let b = c.next_power_of_two().max(8);
+            for (j, &(t, w)) in toks.iter().enumerate() {
+                per_token[t as usize].push((l.tok.len() as u32, w));
+                l.tok.push(t);
+                l.hi.push((row + j) as u32);
+                l.lo.push((row + b + j) as u32);
+            }
+            l.groups.push((e, row, b));
+            row += 2 * b;
+        }
+        l.rows = row;
+        for (t, pairs) in per_token.iter().enumerate() {
+            if pairs.len() != k {
+                return Err(BackendError::Device(format!("moe: token {t} routed to {} experts, not {k}", pairs.len())));
+            }
+            l.tpair.extend(pairs.iter().map(|p| p.0));
+            l.tw.extend(pairs.iter().map(|p| p.1));
+        }
+        Ok(l)
+    }
+
+    fn rows(&self) -> usize {
+        self.rows
+    }
+}
+
+impl CudaBackend {
+    /// Whether the grouped path takes these experts: bf16 weights (no fp8, no f32 copies) and
+    /// split activations, the numerics every other GEMM of a bf16 model has.
+    pub(crate) fn moe_grouped_fits(&self, experts: &[ExpertWeights<CudaMatrix>]) -> bool {
+        let bf16 = |w: &CudaMatrix| w.fp8.is_none() && w.f32_data.is_none();
+        self.moe_grouped && self.gemm_split && !self.slow_paths && experts.iter().all(|w| bf16(&w.gate_up) && bf16(&w.down))
+    }
+
+    /// Routed experts of `m` tokens (`assigned[e]`: expert e's tokens and routing weights, from
+    /// the host routing), `k` per token; the shared expert is the caller's.
+    pub(crate) fn moe_grouped(&self, x: &CudaSlice<f32>, assigned: &[Vec<(u32, f32)>], experts: &[ExpertWeights<CudaMatrix>], m: usize, hidden: usize, k: usize) -> Result<CudaSlice<f32>> {
+        let l = PairLayout::new(assigned, m, k)?;
+        let inter = experts[0].inter;
+        if experts.iter().any(|w| w.inter != inter) {
+            return Err(BackendError::Shape { op: "moe", reason: "experts of different intermediate sizes".into() });
+        }
+        let pairs = l.tok.len();
+        let mut idx = Vec::with_capacity(3 * pairs + l.tpair.len());
+        for v in [&l.tok, &l.hi, &l.lo, &l.tpair] {
+            idx.extend_from_slice(v);
+        }
+        let idx = self.up_u32(&idx)?;
+        let tw = self.up_f32(&l.tw)?;
+        let (tok, rest) = idx.split_at(pairs);
+        let (hi, rest) = rest.split_at(pairs);
+        let (lo, tpair) = rest.split_at(pairs);
+        let (d, i32_, k32) = (hidden as u32, inter as u32, k as u32);
+
+        let mut xs = self.alloc::<u16>(l.rows() * hidden)?;
+        let mut b = self.stream.launch_builder(self.func("moe_pairs_split"));
+        b.arg(x).arg(&tok).arg(&hi).arg(&lo).arg(&mut xs).arg(&d);
+        unsafe { b.launch(blocks(pairs)) }.map_err(dev)?;
+
+        let mut gu = self.alloc::<f32>(l.rows() * 2 * inter)?;
+        self.grouped_gemm(&l, experts.iter().map(|w| &w.gate_up).collect(), &xs, &mut gu, 2 * inter, hidden)?;
+        let mut h = self.alloc::<u16>(l.rows() * inter)?;
+        let mut b = self.stream.launch_builder(self.func("moe_pairs_silu_split"));
+        b.arg(&gu).arg(&hi).arg(&lo).arg(&mut h).arg(&i32_);
+        unsafe { b.launch(blocks(pairs)) }.map_err(dev)?;
+        drop(gu);
+
+        let mut y = self.alloc::<f32>(l.rows() * hidden)?;
+        self.grouped_gemm(&l, experts.iter().map(|w| &w.down).collect(), &h, &mut y, hidden, inter)?;
+        let mut out = self.out(m * hidden)?;
+        let mut b = self.stream.launch_builder(self.func("moe_pairs_combine"));
+        b.arg(&y).arg(&hi).arg(&lo).arg(&tpair).arg(&tw).arg(&mut out).arg(&k32).arg(&d);
+        unsafe { b.launch(blocks(m)) }.map_err(dev)?;
+        Ok(out)
+    }
+
+    /// `c[slot rows of expert e] = b[slot rows of e] · W_eᵀ` for every active expert: `n` outputs
+    /// per row, `kdim` inputs, bf16 × bf16 with f32 accumulation and output; one batched GEMM per
+    /// bucket size.
+    fn grouped_gemm(&self, l: &PairLayout, w: Vec<&CudaMatrix>, b: &CudaSlice<u16>, c: &mut CudaSlice<f32>, n: usize, kdim: usize) -> Result<()> {
+        let (pb, _gb) = b.device_ptr(&self.stream);
+        let (pc, _gc) = c.device_ptr(&self.stream);
+        let mut buckets: Vec<usize> = l.groups.iter().map(|g| g.2).collect();
+        buckets.sort_unstable();
+        buckets.dedup();
+        // Pointer arrays of every bucket, one upload: [A.. | B.. | C..] per bucket, in order.
+        let mut ptrs = Vec::with_capacity(3 * l.groups.len());
+        for &bk in &buckets {
+            let members: Vec<&(usize, usize, usize)> = l.groups.iter().filter(|g| g.2 == bk).collect();
+            for &&(e, _, _) in &members {
+                let (pa, _ga) = w[e].data.device_ptr(&self.stream);
+                ptrs.push(pa);
+            }
+            ptrs.extend(members.iter().map(|&&(_, row0, _)| pb + (row0 * kdim * 2) as u64));
+            ptrs.extend(members.iter().map(|&&(_, row0, _)| pc + (row0 * n * 4) as u64));
+        }
+        self.no_capture("a batched GEMM's pointer upload")?;
+        let dptrs = self.stream.clone_htod(&ptrs).map_err(dev)?;
+        let (pp, _gp) = dptrs.device_ptr(&self.stream);
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let blas = self.blas.lock().unwrap();
+        let mut at = pp;
+        for &bk in &buckets {
+            let g = l.groups.iter().filter(|x| x.2 == bk).count();
+            let status = unsafe {
+                cublasGemmBatchedEx(
+                    *blas.handle(),
+                    cublasOperation_t::CUBLAS_OP_T,
+                    cublasOperation_t::CUBLAS_OP_N,
+                    n as i32,
+                    (2 * bk) as i32,
+                    kdim as i32,
+                    &alpha as *const f32 as *const c_void,
+                    at as *const *const c_void,
+                    cudaDataType::CUDA_R_16BF,
+                    kdim as i32,
+                    (at + 8 * g as u64) as *const *const c_void,
+                    cudaDataType::CUDA_R_16BF,
+                    kdim as i32,
+                    &beta as *const f32 as *const c_void,
+                    (at + 16 * g as u64) as *const *mut c_void,
+                    cudaDataType::CUDA_R_32F,
+                    n as i32,
+                    g as i32,
+                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            };
+            if status != cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                return Err(BackendError::Device(format!("cublasGemmBatchedEx ({g} experts of {bk} rows, {n}x{kdim}): {status:?}")));
+            }
+            at += 24 * g as u64;
+        }
+        Ok(())
+    }
+}
