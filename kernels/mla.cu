@@ -187,3 +187,52 @@ extern "C" __global__ void mla_combine(const float* o_part, const float* ml_part
         out[rh * latent + d] = a / L;
     }
 }
+
+// MLA attention of a long run of one sequence's query rows (a prefill chunk) through cuBLAS
+// (src/mla_prefill.rs): the run's cached context and queries go in as two bf16 parts (rounding
+// and the rounding's error, as cast_f32_bf16_split), scores and values as three bf16 products
+// each (hi·hi + lo·hi + hi·lo, f32 accumulation), so the result tracks the f32 kernels above.
+//
+// Context token j of the run (one block each) as two bf16 parts, [T][width] each.
+extern "C" __global__ void mla_gather_split(const float* __restrict__ kv, const u32* table, u16* hi, u16* lo, u32 ps, u32 width) { WEFT_PDL_ENTRY();
+    const u32 j = blockIdx.x;
+    const float* src = kv + ((i64)table[j / ps] * ps + j % ps) * width;
+    for (u32 d = threadIdx.x; d < width; d += blockDim.x) {
+        u16 h = f32_to_bf16(src[d]);
+        hi[(i64)j * width + d] = h;
+        lo[(i64)j * width + d] = f32_to_bf16(src[d] - bf16_to_f32(h));
+    }
+}
+
+// Query (row, head) = block: q_lat then q_pe, [rows·heads][lat + rd] per part.
+extern "C" __global__ void mla_q_split(const float* __restrict__ q_lat, const float* __restrict__ q_pe, u16* hi, u16* lo, u32 lat, u32 rd) { WEFT_PDL_ENTRY();
+    const i64 rh = blockIdx.x;
+    const u32 w = lat + rd;
+    for (u32 d = threadIdx.x; d < w; d += blockDim.x) {
+        float v = d < lat ? q_lat[rh * lat + d] : q_pe[rh * rd + d - lat];
+        u16 h = f32_to_bf16(v);
+        hi[rh * w + d] = h;
+        lo[rh * w + d] = f32_to_bf16(v - bf16_to_f32(h));
+    }
+}
+
+// Softmax of one (head, row) of scores s [heads][rows][t] (block blockIdx.x = head·rows + row):
+// row i sees the first ctx0 + i + 1 positions (causal within the run), the rest get weight 0;
+// the weights go out as two bf16 parts.
+extern "C" __global__ void mla_softmax_split(const float* __restrict__ s, u16* phi, u16* plo, u32 rows, u32 t, u32 ctx0, float scale) { WEFT_PDL_ENTRY();
+    __shared__ float sh[1024];
+    const i64 o = (i64)blockIdx.x * t;
+    const u32 len = min(ctx0 + blockIdx.x % rows + 1, t);
+    float mx = -WEFT_INF;
+    for (u32 j = threadIdx.x; j < len; j += blockDim.x) mx = fmaxf(mx, s[o + j] * scale);
+    mx = block_max(mx, sh);
+    float sum = 0.f;
+    for (u32 j = threadIdx.x; j < len; j += blockDim.x) sum += expf(s[o + j] * scale - mx);
+    const float inv = 1.0f / block_sum(sum, sh);
+    for (u32 j = threadIdx.x; j < t; j += blockDim.x) {
+        float p = j < len ? expf(s[o + j] * scale - mx) * inv : 0.f;
+        u16 h = f32_to_bf16(p);
+        phi[o + j] = h;
+        plo[o + j] = f32_to_bf16(p - bf16_to_f32(h));
+    }
+}

@@ -271,3 +271,8 @@ extern "C" __global__ void scatter_add_weighted(const float* y, const u32* tok, 
 extern "C" __global__ void fill_f32(float* x, float v, i64 n) { WEFT_PDL_ENTRY();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) x[i] = v;
 }
+
+// out[rows[i]] = x[i] for each of the grid's rows (one block per row, d wide).
+extern "C" __global__ void scatter_rows(const float* x, const u32* rows, float* out, u32 d) { WEFT_PDL_ENTRY();
+    for (u32 j = threadIdx.x; j < d; j += blockDim.x) out[(i64)rows[blockIdx.x] * d + j] = x[(i64)blockIdx.x * d + j];
+}

@@ -32,6 +32,8 @@ mod gemv;
 mod gqa;
 mod graphs;
 mod mla;
+#[cfg(feature = "cuda")]
+mod mla_prefill;
 mod moe;
 #[cfg(feature = "cuda")]
 mod moe_grouped;
@@ -97,6 +99,10 @@ pub const KERNELS: &[&str] = &[
     "moe_pairs_split",
     "moe_pairs_silu_split",
     "moe_pairs_combine",
+    "mla_gather_split",
+    "mla_q_split",
+    "mla_softmax_split",
+    "scatter_rows",
     "silu_mul",
     "split_rope_q",
     "store_kv",
@@ -262,6 +268,12 @@ pub struct CudaBackend {
     /// experts (`moe_grouped.rs`) instead of a GEMM pair per expert (`WEFT_CUDA_MOE_GROUPED=0`:
     /// the per-expert path, for comparisons).
     pub moe_grouped: bool,
+    /// Fewest consecutive query rows of one sequence (a prefill chunk) that attend through
+    /// cuBLAS (`mla_prefill.rs`) rather than the decode kernel (64; `WEFT_CUDA_MLA_GEMM_MIN_ROWS`,
+    /// 0 = never).
+    pub mla_gemm_min_rows: usize,
+    /// Bytes of scores and split weights one query tile of that path may take (1 GiB).
+    pub mla_score_bytes: usize,
     pub num_sms: usize,
     /// Largest dynamic shared memory a block may opt into.
     pub smem_optin: usize,
@@ -445,6 +457,8 @@ impl CudaBackend {
             mla_waves: std::env::var("WEFT_CUDA_MLA_WAVES").ok().and_then(|v| v.parse().ok()).unwrap_or(4).max(1),
             moe_device_tokens: std::env::var("WEFT_CUDA_MOE_DEVICE_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(32),
             moe_grouped: std::env::var("WEFT_CUDA_MOE_GROUPED").map_or(true, |v| v != "0"),
+            mla_gemm_min_rows: std::env::var("WEFT_CUDA_MLA_GEMM_MIN_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
+            mla_score_bytes: 1 << 30,
             num_sms,
             smem_optin,
             uploads: uploads::UploadCache::default(),

@@ -26,6 +26,19 @@ fn head_groups_of(heads: usize, most: usize) -> (usize, usize) {
     (heads.div_ceil(size).max(1), size)
 }
 
+/// One MLA attention call's inputs (`Backend::mla_attention`'s arguments), as the paths that
+/// serve it (decode kernels here, GEMMs in `mla_prefill.rs`) pass them on.
+#[derive(Clone, Copy)]
+pub(crate) struct MlaArgs<'a> {
+    pub pool: &'a CudaKvPool,
+    pub layer: usize,
+    pub q_lat: &'a CudaSlice<f32>,
+    pub q_pe: &'a CudaSlice<f32>,
+    pub heads: usize,
+    pub rows: &'a [AttnRow<'a>],
+    pub scale: f32,
+}
+
 impl CudaBackend {
     fn mla_smem(&self, width: usize, hg: usize) -> usize {
         (hg * width + TILE * (width + 4) + HEAD_GROUP * TILE + 3 * HEAD_GROUP) * 4
@@ -38,19 +51,9 @@ impl CudaBackend {
         !self.slow_paths && heads > 0 && l.latent_dim <= 2 * THREADS as usize && l.latent_dim % 4 == 0 && l.rope_dim % 4 == 0 && self.mla_smem(l.width(), head_groups(heads).1) <= self.smem_optin
     }
 
-    /// `bt`/`off`/`ctx` are the concatenated block tables, their offsets and visible lengths.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn mla_split(
-        &self,
-        pool: &CudaKvPool,
-        layer: usize,
-        q_lat: &CudaSlice<f32>,
-        q_pe: &CudaSlice<f32>,
-        heads: usize,
-        rows: &[AttnRow<'_>],
-        scale: f32,
-        tables: [&CudaSlice<u32>; 3],
-    ) -> Result<CudaSlice<f32>> {
+    /// `tables`: the rows' concatenated block tables, their offsets and visible lengths.
+    pub(crate) fn mla_split(&self, a: MlaArgs<'_>, tables: [&CudaSlice<u32>; 3]) -> Result<CudaSlice<f32>> {
+        let MlaArgs { pool, layer, q_lat, q_pe, heads, rows, scale } = a;
         let l = pool.layout;
         let (mut groups, mut hg) = head_groups(heads);
         // While a step is recorded, sized for its context bucket (the graph serves every step

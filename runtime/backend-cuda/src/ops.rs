@@ -3,6 +3,7 @@
 //! launches and cuBLAS calls.
 
 use crate::graphs::{pack_tables, StepArray};
+use crate::mla::MlaArgs;
 use crate::{dev, CudaBackend, CudaKvPool, CudaMatrix, Fp8Weight};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
@@ -458,20 +459,17 @@ impl Backend for CudaBackend {
                 return Err(shape("mla_attention", format!("page {p} outside pool")));
             }
         }
+        let a = MlaArgs { pool, layer, q_lat, q_pe, heads, rows, scale };
+        #[cfg(feature = "cuda")]
+        {
+            let runs = self.mla_gemm_runs(rows);
+            if !runs.is_empty() {
+                return self.mla_with_runs(a, &runs);
+            }
+        }
         let [bt, off, ctx] = pack_tables(rows);
         let (btb, offb, ctxb) = (self.step_array(StepArray::Tables, &bt)?, self.step_array(StepArray::Offsets, &off)?, self.step_array(StepArray::Lens, &ctx)?);
-        let (btb, offb, ctxb) = (&*btb, &*offb, &*ctxb);
-        if self.mla_split_fits(pool, heads) {
-            return self.mla_split(pool, layer, q_lat, q_pe, heads, rows, scale, [btb, offb, ctxb]);
-        }
-        let stride = l.num_pages * l.page_size * l.width();
-        let view = pool.data.slice(layer * stride..(layer + 1) * stride);
-        let mut out = self.out(rows.len() * heads * l.latent_dim)?;
-        let (h, lat, rd, ps) = (heads as u32, l.latent_dim as u32, l.rope_dim as u32, l.page_size as u32);
-        let mut b = self.stream.launch_builder(self.func("mla_attention"));
-        b.arg(&view).arg(q_lat).arg(q_pe).arg(btb).arg(offb).arg(ctxb).arg(&mut out).arg(&h).arg(&lat).arg(&rd).arg(&ps).arg(&scale);
-        unsafe { b.launch(cfg(rows.len() * heads, (l.width() * 4) as u32)) }.map_err(dev)?;
-        Ok(out)
+        self.mla_kernels(a, [&*btb, &*offb, &*ctxb])
     }
 
     fn kv_store(&self, pool: &mut CudaKvPool, layer: usize, k: &CudaSlice<f32>, v: &CudaSlice<f32>, slots: &[u32]) -> Result<()> {
@@ -518,6 +516,24 @@ impl Backend for CudaBackend {
 }
 
 impl CudaBackend {
+    /// MLA attention by the decode kernels: the split kernel, or the single-pass one for shapes
+    /// it does not take. `tables`: the rows' packed block tables, offsets, lengths.
+    pub(crate) fn mla_kernels(&self, a: MlaArgs<'_>, tables: [&CudaSlice<u32>; 3]) -> Result<CudaSlice<f32>> {
+        let MlaArgs { pool, layer, q_lat, q_pe, heads, rows, scale } = a;
+        if self.mla_split_fits(pool, heads) {
+            return self.mla_split(a, tables);
+        }
+        let l = pool.layout;
+        let stride = l.num_pages * l.page_size * l.width();
+        let view = pool.data.slice(layer * stride..(layer + 1) * stride);
+        let mut out = self.out(rows.len() * heads * l.latent_dim)?;
+        let (h, lat, rd, ps) = (heads as u32, l.latent_dim as u32, l.rope_dim as u32, l.page_size as u32);
+        let mut b = self.stream.launch_builder(self.func("mla_attention"));
+        b.arg(&view).arg(q_lat).arg(q_pe).arg(tables[0]).arg(tables[1]).arg(tables[2]).arg(&mut out).arg(&h).arg(&lat).arg(&rd).arg(&ps).arg(&scale);
+        unsafe { b.launch(cfg(rows.len() * heads, (l.width() * 4) as u32)) }.map_err(dev)?;
+        Ok(out)
+    }
+
     /// MoE with routing on the host (batches past the device path): one GEMM pair per active
     /// expert, scattered back with the routing weights.
     #[allow(clippy::too_many_arguments)]

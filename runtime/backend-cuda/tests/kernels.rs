@@ -390,6 +390,19 @@ fn moe_decode_path_matches_cpu() {
     }
 }
 
+/// Random latents of `len` tokens (positions 0..len, pages of 64 from `table`) stored into
+/// `layer` of both pools.
+fn store_latents(g: &CudaBackend, c: &CpuBackend, pools: (&mut <CudaBackend as Backend>::KvPool, &mut <CpuBackend as Backend>::KvPool), layer: usize, table: &[u32], len: usize, r: &mut Rng) {
+    let (latent, rd) = (pools.0.layout.latent_dim, pools.0.layout.rope_dim);
+    let kv = r.vec(len * (latent + rd), 2.0);
+    let pos: Vec<u32> = (0..len as u32).collect();
+    let slots: Vec<u32> = (0..len).map(|t| table[t / 64] * 64 + (t % 64) as u32).collect();
+    let rp = rope(r, true);
+    let norm_w = r.vec(latent, 1.0);
+    g.mla_store_kv(pools.0, layer, &g.upload(&kv).unwrap(), &g.upload(&norm_w).unwrap(), 1e-6, &pos, &slots, &rp).unwrap();
+    c.mla_store_kv(pools.1, layer, &kv, &norm_w, 1e-6, &pos, &slots, &rp).unwrap();
+}
+
 #[test]
 fn mla_attention_head_counts_and_single_rows() {
     let Some(g) = gpu() else { return };
@@ -400,13 +413,7 @@ fn mla_attention_head_counts_and_single_rows() {
     let (mut pg, mut pc) = (g.alloc_kv_pool(layout).unwrap(), c.alloc_kv_pool(layout).unwrap());
     let n: usize = 2500;
     let table: Vec<u32> = (0..n.div_ceil(64) as u32).rev().collect();
-    let kv = r.vec(n * (latent + rd), 2.0);
-    let pos: Vec<u32> = (0..n as u32).collect();
-    let slots: Vec<u32> = (0..n).map(|t| table[t / 64] * 64 + (t % 64) as u32).collect();
-    let rp = rope(&mut r, true);
-    let norm_w = r.vec(latent, 1.0);
-    g.mla_store_kv(&mut pg, 0, &g.upload(&kv).unwrap(), &g.upload(&norm_w).unwrap(), 1e-6, &pos, &slots, &rp).unwrap();
-    c.mla_store_kv(&mut pc, 0, &kv, &norm_w, 1e-6, &pos, &slots, &rp).unwrap();
+    store_latents(&g, &c, (&mut pg, &mut pc), 0, &table, n, &mut r);
     // the head counts tensor parallelism leaves per GPU (and 20, 40: uneven groups); one decode row, and 3 query rows of one
     // sequence (speculative verification)
     for heads in [8usize, 12, 16, 20, 40, 64, 128] {
@@ -418,6 +425,37 @@ fn mla_attention_head_counts_and_single_rows() {
             let want = c.mla_attention(&pc, 0, &q_lat, &q_pe, heads, &rows, 0.06).unwrap();
             check(&format!("mla {heads} heads x {} rows", rows.len()), &got, &want, 1e-4);
         }
+    }
+}
+
+/// Prefill chunks (long runs of one sequence's rows) attend through cuBLAS, split in query tiles
+/// when the scores would outgrow their budget; decode rows in the same step take the kernels.
+#[test]
+fn mla_prefill_runs_match_cpu() {
+    let Some(mut g) = gpu() else { return };
+    let c = CpuBackend::new();
+    let mut r = Rng(16);
+    let (rd, latent) = (64, 512);
+    let layout = KvLayout { layers: 2, num_pages: 48, page_size: 64, latent_dim: latent, rope_dim: rd };
+    let (mut pg, mut pc) = (g.alloc_kv_pool(layout).unwrap(), c.alloc_kv_pool(layout).unwrap());
+    // sequence a: 2500 tokens on pages 39..0 (reversed); b: 100 tokens on pages 40..41
+    let n: usize = 2500;
+    let ta: Vec<u32> = (0..n.div_ceil(64) as u32).rev().collect();
+    let tb: Vec<u32> = vec![40, 41];
+    for (table, len) in [(&ta, n), (&tb, 100)] {
+        store_latents(&g, &c, (&mut pg, &mut pc), 1, table, len, &mut r);
+    }
+    // a decode row of b, a 300-row chunk of a ending at its last token, two rows of b
+    let mut rows = vec![AttnRow { block_table: &tb, ctx_len: 97 }];
+    rows.extend((0..300).map(|i| AttnRow { block_table: &ta, ctx_len: n - 299 + i }));
+    rows.extend([AttnRow { block_table: &tb, ctx_len: 99 }, AttnRow { block_table: &tb, ctx_len: 100 }]);
+    for (heads, budget) in [(16usize, 1usize << 30), (16, 8 << 20), (64, 1 << 30)] {
+        g.mla_score_bytes = budget;
+        let q_lat = r.vec(rows.len() * heads * latent, 0.5);
+        let q_pe = r.vec(rows.len() * heads * rd, 0.5);
+        let got = g.download(&g.mla_attention(&pg, 1, &g.upload(&q_lat).unwrap(), &g.upload(&q_pe).unwrap(), heads, &rows, 0.06).unwrap()).unwrap();
+        let want = c.mla_attention(&pc, 1, &q_lat, &q_pe, heads, &rows, 0.06).unwrap();
+        check(&format!("mla prefill run {heads} heads, {} MiB of scores per tile", budget >> 20), &got, &want, 1e-4);
     }
 }
 
