@@ -37,6 +37,8 @@ mod mla_prefill;
 mod moe;
 #[cfg(feature = "cuda")]
 mod moe_grouped;
+#[cfg(feature = "cuda")]
+pub mod nccl;
 mod ops;
 #[cfg(feature = "cuda")]
 mod pdl;

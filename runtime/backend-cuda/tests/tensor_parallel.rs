@@ -4,7 +4,7 @@
 //! device within bf16-product noise, and the greedy tokens must agree while the unsplit model's
 //! choice is clear. Shows the kernels take the split shapes (half and quarter of the heads and
 //! of every intermediate size, fp8 weights cut off their scale blocks). Prints SKIPPED without
-//! a CUDA device. The multi-GPU group (NCCL) is not exercised here.
+//! a CUDA device. `nccl_groups_match_the_whole_model` runs the NCCL group (one GPU per rank).
 #![cfg(feature = "cuda")]
 
 use std::path::{Path, PathBuf};
@@ -93,5 +93,55 @@ fn split_models_match_the_whole_model_on_one_gpu() {
             assert!(worst < tol, "{name} TP={size}: prompt logprobs differ by {worst}");
             assert!(agreed * 10 >= total * 9, "{name} TP={size}: greedy tokens agree on {agreed}/{total}");
         }
+    }
+}
+
+/// NCCL, one rank per GPU, rank 0 driving the others as `weft serve --collective nccl` does.
+/// On a one-GPU machine only the group of one runs: its all-reduce is the identity, but it goes
+/// through the NCCL library, a communicator on the backend's stream, and step graphs that record
+/// it with the kernels — and must leave the model's output as it was. With 2 and 4 GPUs the
+/// split models must match the whole one as with `LocalGroup` above. SKIPPED without
+/// libnccl.so on the loader path (`WEFT_REQUIRE_NCCL=1` makes that a failure).
+#[test]
+fn nccl_groups_match_the_whole_model() {
+    let Some(be) = backend() else { return };
+    if !weft_cuda::nccl::nccl_available() {
+        assert!(std::env::var("WEFT_REQUIRE_NCCL").is_err(), "WEFT_REQUIRE_NCCL is set but libnccl.so is not on the loader path");
+        eprintln!("SKIPPED (libnccl.so is not on the loader path)");
+        return;
+    }
+    let dir = fixture("v3-qlora-yarn-groups");
+    let reqs = requests(&dir);
+    let whole = LoadedModel::open(&dir, be).unwrap();
+    let want: Vec<GenerateOutput> = reqs.iter().map(|q| generate(&whole.model, q).unwrap()).collect();
+    for (size, tol) in [(1usize, 1e-6), (2, 5e-3), (4, 5e-3)] {
+        let backends = match (0..size).map(CudaBackend::new).collect::<Result<Vec<_>, _>>() {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("TP={size} over NCCL SKIPPED (needs {size} GPUs): {e}");
+                continue;
+            }
+        };
+        let refs: Vec<&CudaBackend> = backends.iter().collect();
+        let ranks: Vec<Arc<dyn Collective<CudaBackend>>> = weft_cuda::nccl::nccl_group(&refs).unwrap().into_iter().map(|g| -> Arc<dyn Collective<CudaBackend>> { g }).collect();
+        assert!(ranks.iter().all(|r| r.recordable()));
+        let lm = LoadedModel::open_tensor_parallel_group(&dir, LoadOptions::default(), backends, ranks).unwrap();
+        let (mut worst, mut agreed, mut total) = (0f64, 0, 0);
+        for (ci, (q, want)) in reqs.iter().zip(&want).enumerate() {
+            let got = generate(&lm.model, q).unwrap();
+            for i in 1..q.prompt_ids.len() {
+                if let (Some(g), Some(w)) = (lp(&got, i, q.prompt_ids[i]), lp(want, i, q.prompt_ids[i])) {
+                    worst = worst.max((g - w).abs());
+                }
+            }
+            agreed += got.token_ids.iter().zip(&want.token_ids).take_while(|(a, b)| a == b).count();
+            total += want.token_ids.len();
+            if size == 1 {
+                assert_eq!(got.token_ids, want.token_ids, "case {ci}: a group of one changed the output");
+            }
+        }
+        eprintln!("TP={size} over NCCL against the whole model: worst prompt logprob difference {worst:.1e}, greedy prefix {agreed}/{total} tokens");
+        assert!(worst <= tol, "TP={size} over NCCL: prompt logprobs differ by {worst}");
+        assert!(agreed * 10 >= total * 9, "TP={size} over NCCL: greedy tokens agree on {agreed}/{total}");
     }
 }

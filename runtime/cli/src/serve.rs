@@ -104,12 +104,19 @@ pub struct ServeArgs {
     /// The oracle's per-draft acceptance probability.
     #[arg(long, default_value_t = 0.7)]
     oracle_acceptance: f64,
-    /// Split the model over this many tensor-parallel ranks, threads of this process on the
-    /// same device (each its own backend), summing through host memory: the sharded math of
-    /// a multi-GPU deployment, for checking it — slower than one rank. The MTP drafter is
-    /// not supported with it.
+    /// Split the model over this many tensor-parallel ranks, threads of this process, each
+    /// with its own backend: with `--collective local` all on the same device, summing through
+    /// host memory (the sharded math of a multi-GPU deployment, for checking it — slower than
+    /// one rank); with `--collective nccl` one GPU per rank. The MTP drafter is not supported
+    /// with it.
     #[arg(long, default_value_t = 1)]
     tensor_parallel: usize,
+    /// How tensor-parallel ranks sum partial results: `local` (threads on the one --device,
+    /// through host memory: checks the sharded math anywhere) or `nccl` (one GPU per rank, on
+    /// devices N..N+size-1 from --device cuda:N; step graphs record the all-reduces; needs
+    /// libnccl.so on the loader path).
+    #[arg(long, default_value = "local")]
+    collective: String,
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
@@ -117,13 +124,42 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let what = if a.tensor_parallel > 1 { format!("{}, {} tensor-parallel ranks", chosen.describe(), a.tensor_parallel) } else { chosen.describe() };
     // A draft model gets a backend of its own on the same device.
     let device = a.device.clone();
-    match chosen {
-        Chosen::Cpu(b) => run_on(a, b, what, || Ok(weft_backend::cpu::CpuBackend::new())),
-        Chosen::Cuda(b) => run_on(a, b, what, move || crate::backend::cuda(&device)),
+    match (a.collective.as_str(), chosen) {
+        ("local", Chosen::Cpu(b)) => run_on(a, b, what, || Ok(weft_backend::cpu::CpuBackend::new()), None),
+        ("local", Chosen::Cuda(b)) => run_on(a, b, what, move || crate::backend::cuda(&device), None),
+        ("nccl", Chosen::Cuda(b)) if a.tensor_parallel > 1 => {
+            let ranks = nccl_ranks(b, a.tensor_parallel)?;
+            let what = format!("{what}, NCCL");
+            run_on(a, ranks.0, what, move || crate::backend::cuda(&device), Some((ranks.1, ranks.2)))
+        }
+        ("nccl", _) => bail!("--collective nccl needs --backend cuda and --tensor-parallel of at least 2"),
+        (other, _) => bail!("--collective {other}: expected local or nccl"),
     }
 }
 
-fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String, second: impl Fn() -> Result<B>) -> Result<()> {
+/// Rank 0 on `lead`'s device, ranks 1.. on the devices after it, and their NCCL group.
+#[allow(clippy::type_complexity)]
+fn nccl_ranks(lead: weft_cuda::CudaBackend, size: usize) -> Result<(weft_cuda::CudaBackend, Vec<weft_cuda::CudaBackend>, Vec<Arc<dyn weft_backend::Collective<weft_cuda::CudaBackend>>>)> {
+    #[cfg(feature = "cuda")]
+    {
+        let first = lead.stream.context().ordinal();
+        let followers = (1..size).map(|r| weft_cuda::CudaBackend::new(first + r).with_context(|| format!("tensor-parallel rank {r} on device {}", first + r))).collect::<Result<Vec<_>>>()?;
+        let all: Vec<&weft_cuda::CudaBackend> = std::iter::once(&lead).chain(followers.iter()).collect();
+        let group = weft_cuda::nccl::nccl_group(&all)?;
+        let ranks = group.into_iter().map(|g| -> Arc<dyn weft_backend::Collective<weft_cuda::CudaBackend>> { g }).collect();
+        Ok((lead, followers, ranks))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (lead, size);
+        bail!("--collective nccl: this build drives AMD GPUs; RCCL is not wired yet (use --collective local)")
+    }
+}
+
+/// `group`: the other ranks' backends and every rank's collective, when the caller built the
+/// tensor-parallel group (NCCL); else `--tensor-parallel` ranks share `backend`'s device.
+#[allow(clippy::type_complexity)]
+fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String, second: impl Fn() -> Result<B>, group: Option<(Vec<B>, Vec<Arc<dyn weft_backend::Collective<B>>>)>) -> Result<()> {
     if a.page_size == 0 || a.num_pages == Some(0) || a.token_budget == 0 || a.max_sequences == 0 {
         bail!("--num-pages, --page-size, --token-budget and --max-sequences must all be at least 1");
     }
@@ -137,13 +173,14 @@ fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String, second: impl Fn() 
     let name = a.served_model_name.clone().unwrap_or_else(|| std::fs::canonicalize(&dir).ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())).unwrap_or_else(|| "weft".into()));
     // The checkpoint's MTP layers take memory only when they draft.
     let opts = LoadOptions { mtp: a.speculative.as_deref() == Some("mtp") };
-    let lm = match a.load_format.as_str() {
-        "safetensors" | "auto" if a.tensor_parallel > 1 => {
+    let lm = match (a.load_format.as_str(), group) {
+        ("safetensors" | "auto", Some((followers, ranks))) => LoadedModel::open_tensor_parallel_group(&dir, opts, std::iter::once(backend).chain(followers).collect(), ranks),
+        ("safetensors" | "auto", None) if a.tensor_parallel > 1 => {
             LoadedModel::open_tensor_parallel(&dir, a.tensor_parallel, opts, backend, |_| second().map_err(|e| weft_backend::BackendError::Device(format!("{e:#}"))))
         }
-        "safetensors" | "auto" => LoadedModel::open_with(&dir, backend, opts),
-        "dummy" => LoadedModel::open_dummy_with(&dir, backend, &crate::default_model_dir(), opts),
-        other => bail!("--load-format {other}: expected safetensors or dummy"),
+        ("safetensors" | "auto", None) => LoadedModel::open_with(&dir, backend, opts),
+        ("dummy", _) => LoadedModel::open_dummy_with(&dir, backend, &crate::default_model_dir(), opts),
+        (other, _) => bail!("--load-format {other}: expected safetensors or dummy"),
     }
     .with_context(|| format!("loading model from {}", dir.display()))?;
     let tdir = if dir.join("tokenizer.json").exists() { dir.clone() } else { crate::default_model_dir() };

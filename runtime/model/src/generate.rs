@@ -51,7 +51,8 @@ pub fn generate<B: Backend>(model: &DeepseekV3<B>, req: &GenerateRequest) -> Res
     }
     let pages = total.div_ceil(PAGE_SIZE).max(1);
     let be = &model.backend;
-    let mut pool = be.alloc_kv_pool(model.kv_layout(pages, PAGE_SIZE))?;
+    // On every rank when this model drives tensor-parallel followers.
+    let mut pool = model.alloc_kv_pool(pages, PAGE_SIZE)?;
     let table: Vec<u32> = (0..pages as u32).collect();
     let mut out = GenerateOutput { prompt_token_ids: req.prompt_ids.clone(), token_ids: vec![], prompt_logprobs: vec![None], logprobs: vec![], finish_reason: FinishReason::Length };
 

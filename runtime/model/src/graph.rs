@@ -110,22 +110,23 @@ impl<B: Backend> DeepseekV3<B> {
     /// block per captured layer ([`Self::set_capture`]). The backend may replay a recorded
     /// step of the same shape instead of issuing each op ([`Backend::run_step`]).
     pub fn forward_hidden(&self, pool: &mut B::KvPool, batch: &StepBatch<'_>) -> Result<B::Buf> {
-        if let Some(g) = self.group.as_ref().filter(|g| !g.recordable()) {
-            if let Some(f) = &self.followers {
-                if let Err(e) = f.step(batch) {
-                    g.abort(&e);
-                    return Err(weft_backend::BackendError::Device(e));
-                }
-            }
-            let out = self.forward_ops(pool, batch);
-            if let (Err(e), Some(_)) = (&out, &self.followers) {
-                // The followers would wait for this rank at the next all-reduce: fail them.
-                g.abort(&e.to_string());
-            }
-            return out;
-        }
         let out_len = batch.tokens.len() * self.cfg.hidden_size * (1 + self.capture.len());
-        self.backend.run_step(pool, batch, out_len, &mut |pool| self.forward_ops(pool, batch))
+        let Some(g) = self.group.as_ref() else {
+            return self.backend.run_step(pool, batch, out_len, &mut |pool| self.forward_ops(pool, batch));
+        };
+        if let Some(f) = &self.followers {
+            if let Err(e) = f.step(batch) {
+                g.abort(&e);
+                return Err(weft_backend::BackendError::Device(e));
+            }
+        }
+        // A collective through host memory cannot be recorded: such steps run op by op.
+        let out = if g.recordable() { self.backend.run_step(pool, batch, out_len, &mut |pool| self.forward_ops(pool, batch)) } else { self.forward_ops(pool, batch) };
+        if let (Err(e), Some(_)) = (&out, &self.followers) {
+            // The followers would wait for this rank at the next all-reduce: fail them.
+            g.abort(&e.to_string());
+        }
+        out
     }
 
     /// The step's ops, one by one.

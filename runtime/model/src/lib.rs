@@ -84,10 +84,28 @@ impl<B: Backend> LoadedModel<B> {
     /// same GPU for every rank on a one-GPU machine. Steps then run op by op on every rank.
     pub fn open_tensor_parallel(dir: &Path, size: usize, opts: LoadOptions, lead: B, backend: impl Fn(usize) -> Result<B, weft_backend::BackendError>) -> Result<Self, ModelError> {
         let group = weft_backend::LocalGroup::new(size.max(1));
-        let rank = |r: usize| -> std::sync::Arc<dyn weft_backend::Collective<B>> { std::sync::Arc::new(group.rank(r)) };
-        let followers = (1..size).map(|r| Self::open_shard(dir, backend(r)?, opts, rank(r))).collect::<Result<Vec<_>, _>>()?;
-        let mut lead = Self::open_shard(dir, lead, opts, rank(0))?;
-        lead.model.set_followers(tp::Followers::start(followers).map_err(|e| ModelError::Backend(weft_backend::BackendError::Device(format!("tensor-parallel threads: {e}"))))?);
+        let mut backends = vec![lead];
+        for r in 1..size {
+            backends.push(backend(r)?);
+        }
+        let ranks = (0..size.max(1)).map(|r| -> std::sync::Arc<dyn weft_backend::Collective<B>> { std::sync::Arc::new(group.rank(r)) }).collect();
+        Self::open_tensor_parallel_group(dir, opts, backends, ranks)
+    }
+
+    /// A tensor-parallel group over given ranks: `backends[r]` and `ranks[r]` (its handle of
+    /// any [`weft_backend::Collective`], e.g. NCCL with one GPU per rank) for each rank, rank 0
+    /// first; rank 0 is returned and drives the others as in [`Self::open_tensor_parallel`].
+    pub fn open_tensor_parallel_group(dir: &Path, opts: LoadOptions, backends: Vec<B>, ranks: Vec<std::sync::Arc<dyn weft_backend::Collective<B>>>) -> Result<Self, ModelError> {
+        if backends.is_empty() || backends.len() != ranks.len() || ranks.iter().enumerate().any(|(r, g)| g.rank() != r || g.size() != ranks.len()) {
+            return Err(ModelError::Backend(weft_backend::BackendError::Device(format!(
+                "a tensor-parallel group needs one backend per rank, ranks 0..n in order ({} backends, {} ranks)",
+                backends.len(),
+                ranks.len()
+            ))));
+        }
+        let mut parts = backends.into_iter().zip(ranks).map(|(b, g)| Self::open_shard(dir, b, opts, g)).collect::<Result<Vec<_>, _>>()?;
+        let mut lead = parts.remove(0);
+        lead.model.set_followers(tp::Followers::start(parts).map_err(|e| ModelError::Backend(weft_backend::BackendError::Device(format!("tensor-parallel threads: {e}"))))?);
         Ok(lead)
     }
 
