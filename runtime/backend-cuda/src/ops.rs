@@ -552,8 +552,8 @@ impl CudaBackend {
         let logits = self.download(gate_logits)?;
         let bias_h = self.download(bias)?;
         let mut assigned: Vec<Vec<(u32, f32)>> = vec![Vec::new(); e];
-        for t in 0..m {
-            for (ex, w) in weft_backend::cpu::route(&logits[t * e..(t + 1) * e], &bias_h, cfg_r) {
+        for (t, r) in weft_backend::cpu::route_all(&logits[..m * e], &bias_h, cfg_r).into_iter().enumerate() {
+            for (ex, w) in r {
                 assigned[ex].push((t as u32, w));
             }
         }

@@ -6,7 +6,7 @@ mod gqa;
 mod mla;
 mod moe;
 
-pub use moe::route;
+pub use moe::{route, route_all};
 
 use crate::{front, AttnRow, Backend, BackendError, ExpertWeights, HostMatrix, KvLayout, Result, RopeParams, RouterConfig};
 use rayon::prelude::*;
