@@ -185,3 +185,51 @@ impl CudaBackend {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::PairLayout;
+
+    /// Every pair gets two distinct rows inside its expert's slot, slots do not overlap, each
+    /// token lists its k pairs in ascending expert order with its routing weights.
+    #[test]
+    fn pair_rows_lie_in_disjoint_slots() {
+        let (m, k, e) = (40usize, 3usize, 7usize);
+        let mut assigned: Vec<Vec<(u32, f32)>> = vec![vec![]; e];
+        for t in 0..m {
+            for q in 0..k {
+                let ex = (t * 5 + q * 2 + t / 7) % e;
+                let ex = if assigned[ex].iter().any(|p| p.0 == t as u32) { (ex + 1) % e } else { ex };
+                assigned[ex].push((t as u32, (t * 10 + ex) as f32));
+            }
+        }
+        let l = PairLayout::new(&assigned, m, k).unwrap();
+        let mut used = vec![false; l.rows()];
+        for &(ex, row0, b) in &l.groups {
+            assert!(b >= assigned[ex].len() && b.is_power_of_two() && b >= 8);
+            for r in row0..row0 + 2 * b {
+                assert!(!used[r], "row {r} in two slots");
+                used[r] = true;
+            }
+        }
+        for p in 0..l.tok.len() {
+            let (hi, lo) = (l.hi[p] as usize, l.lo[p] as usize);
+            let (_, row0, b) = *l.groups.iter().find(|g| (g.1..g.1 + 2 * g.2).contains(&hi)).unwrap();
+            assert!(hi < row0 + b && lo == hi + b, "pair {p}: hi {hi} lo {lo} slot {row0}+2x{b}");
+        }
+        for t in 0..m {
+            let pairs = &l.tpair[t * k..(t + 1) * k];
+            let experts: Vec<usize> = pairs.iter().map(|&p| l.groups.iter().find(|g| (g.1..g.1 + 2 * g.2).contains(&(l.hi[p as usize] as usize))).unwrap().0).collect();
+            assert!(experts.windows(2).all(|w| w[0] < w[1]), "token {t}: experts {experts:?}");
+            for (q, &p) in pairs.iter().enumerate() {
+                assert_eq!(l.tok[p as usize], t as u32);
+                assert_eq!(l.tw[t * k + q], (t * 10 + experts[q]) as f32);
+            }
+        }
+        // A token routed to fewer than k experts is an error, not a wrong sum.
+        let mut short = assigned.clone();
+        let drop_tok = short[0][0].0;
+        short[0].retain(|p| p.0 != drop_tok);
+        assert!(PairLayout::new(&short, m, k).is_err());
+    }
+}
