@@ -18,6 +18,8 @@ use std::ffi::c_void;
 use weft_backend::{BackendError, ExpertWeights, Result};
 
 const BLOCK: u32 = 256;
+/// A token's empty pair place (its expert is on another rank); `moe_pairs_combine` skips it.
+const NO_PAIR: u32 = u32::MAX;
 
 fn blocks(n: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (n.max(1) as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
@@ -34,13 +36,15 @@ struct PairLayout {
     /// (expert, first row, bucket) per active expert.
     groups: Vec<(usize, usize, usize)>,
     rows: usize,
-    /// Per token, its pairs in ascending expert order, and their routing weights.
+    /// Per token, its pairs in ascending expert order, and their routing weights; `k` entries
+    /// each, the missing ones (experts another rank holds) `NO_PAIR` with weight 0.
     tpair: Vec<u32>,
     tw: Vec<f32>,
 }
 
 impl PairLayout {
-    fn new(assigned: &[Vec<(u32, f32)>], m: usize, k: usize) -> Result<Self> {
+    /// `exact`: every token must have all `k` pairs here (a rank holding every expert).
+    fn new(assigned: &[Vec<(u32, f32)>], m: usize, k: usize, exact: bool) -> Result<Self> {
         let mut l = PairLayout { tok: vec![], hi: vec![], lo: vec![], groups: vec![], rows: 0, tpair: vec![], tw: vec![] };
         let mut per_token: Vec<Vec<(u32, f32)>> = vec![Vec::with_capacity(k); m];
         let mut row = 0usize;
@@ -61,11 +65,11 @@ impl PairLayout {
         }
         l.rows = row;
         for (t, pairs) in per_token.iter().enumerate() {
-            if pairs.len() != k {
+            if pairs.len() > k || (exact && pairs.len() != k) {
                 return Err(BackendError::Device(format!("moe: token {t} routed to {} experts, not {k}", pairs.len())));
             }
-            l.tpair.extend(pairs.iter().map(|p| p.0));
-            l.tw.extend(pairs.iter().map(|p| p.1));
+            l.tpair.extend(pairs.iter().map(|p| p.0).chain(std::iter::repeat_n(NO_PAIR, k - pairs.len())));
+            l.tw.extend(pairs.iter().map(|p| p.1).chain(std::iter::repeat_n(0.0, k - pairs.len())));
         }
         Ok(l)
     }
@@ -84,9 +88,15 @@ impl CudaBackend {
     }
 
     /// Routed experts of `m` tokens (`assigned[e]`: expert e's tokens and routing weights, from
-    /// the host routing), `k` per token; the shared expert is the caller's.
-    pub(crate) fn moe_grouped(&self, x: &CudaSlice<f32>, assigned: &[Vec<(u32, f32)>], experts: &[ExpertWeights<CudaMatrix>], m: usize, hidden: usize, k: usize) -> Result<CudaSlice<f32>> {
-        let l = PairLayout::new(assigned, m, k)?;
+    /// the host routing), `k` per token (`all`: every one of them held here); the shared expert
+    /// is the caller's.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn moe_grouped(&self, x: &CudaSlice<f32>, assigned: &[Vec<(u32, f32)>], experts: &[ExpertWeights<CudaMatrix>], m: usize, hidden: usize, k: usize, all: bool) -> Result<CudaSlice<f32>> {
+        let l = PairLayout::new(assigned, m, k, all)?;
+        if l.tok.is_empty() {
+            // No token chose an expert of this rank.
+            return self.stream.alloc_zeros::<f32>((m * hidden).max(1)).map_err(dev);
+        }
         let inter = experts[0].inter;
         if experts.iter().any(|w| w.inter != inter) {
             return Err(BackendError::Shape { op: "moe", reason: "experts of different intermediate sizes".into() });
@@ -203,7 +213,7 @@ mod tests {
                 assigned[ex].push((t as u32, (t * 10 + ex) as f32));
             }
         }
-        let l = PairLayout::new(&assigned, m, k).unwrap();
+        let l = PairLayout::new(&assigned, m, k, true).unwrap();
         let mut used = vec![false; l.rows()];
         for &(ex, row0, b) in &l.groups {
             assert!(b >= assigned[ex].len() && b.is_power_of_two() && b >= 8);
@@ -230,6 +240,10 @@ mod tests {
         let mut short = assigned.clone();
         let drop_tok = short[0][0].0;
         short[0].retain(|p| p.0 != drop_tok);
-        assert!(PairLayout::new(&short, m, k).is_err());
+        assert!(PairLayout::new(&short, m, k, true).is_err());
+        // On an expert-parallel rank the missing place is padding.
+        let l = PairLayout::new(&short, m, k, false).unwrap();
+        let t = drop_tok as usize;
+        assert_eq!((l.tpair[t * k + k - 1], l.tw[t * k + k - 1]), (super::NO_PAIR, 0.0));
     }
 }

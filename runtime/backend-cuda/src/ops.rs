@@ -497,17 +497,21 @@ impl Backend for CudaBackend {
         if experts.len() != e || bias.len() != e {
             return Err(shape("moe", format!("{} experts, {} biases, config says {e}", experts.len(), bias.len())));
         }
-        let m = check_rows("moe", gate_logits.len(), e)?;
-        let hidden = check_rows("moe", x.len(), m.max(1))?;
-        weft_backend::check_moe_shared(shared.map(|s| s.len()), x.len())?;
-        if self.moe_on_device_fits(cfg_r, experts, m) {
-            return self.moe_on_device(x, gate_logits, bias, cfg_r, experts, m, hidden, shared);
-        }
-        let mut out = self.moe_host_routed(x, gate_logits, bias, cfg_r, experts, m, hidden)?;
-        if let Some(s) = shared {
-            self.add_inplace(&mut out, s)?;
-        }
-        Ok(out)
+        self.moe_held(x, gate_logits, bias, cfg_r, experts, 0, shared)
+    }
+
+    fn moe_local(
+        &self,
+        x: &CudaSlice<f32>,
+        gate_logits: &CudaSlice<f32>,
+        bias: &CudaSlice<f32>,
+        cfg_r: &RouterConfig,
+        experts: &[ExpertWeights<CudaMatrix>],
+        first: usize,
+        shared: Option<&CudaSlice<f32>>,
+    ) -> Result<CudaSlice<f32>> {
+        weft_backend::check_local_experts(first, experts.len(), cfg_r, bias.len())?;
+        self.moe_held(x, gate_logits, bias, cfg_r, experts, first, shared)
     }
 
     fn sampling_front(&self, logits: &mut CudaSlice<f32>, vocab: usize, rows: &[weft_backend::front::FrontRow]) -> Result<Vec<weft_backend::front::FrontOut>> {
@@ -516,6 +520,33 @@ impl Backend for CudaBackend {
 }
 
 impl CudaBackend {
+    /// MoE of the routed experts `first..` this backend holds (all of them unless
+    /// expert-parallel): the device path when it holds every expert and the batch fits it (its
+    /// plan and expert tables assume every expert), else routing on the host.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_held(
+        &self,
+        x: &CudaSlice<f32>,
+        gate_logits: &CudaSlice<f32>,
+        bias: &CudaSlice<f32>,
+        cfg_r: &RouterConfig,
+        experts: &[ExpertWeights<CudaMatrix>],
+        first: usize,
+        shared: Option<&CudaSlice<f32>>,
+    ) -> Result<CudaSlice<f32>> {
+        let m = check_rows("moe", gate_logits.len(), cfg_r.n_experts)?;
+        let hidden = check_rows("moe", x.len(), m.max(1))?;
+        weft_backend::check_moe_shared(shared.map(|s| s.len()), x.len())?;
+        if experts.len() == cfg_r.n_experts && self.moe_on_device_fits(cfg_r, experts, m) {
+            return self.moe_on_device(x, gate_logits, bias, cfg_r, experts, m, hidden, shared);
+        }
+        let mut out = self.moe_host_routed(x, gate_logits, bias, cfg_r, experts, first, m, hidden)?;
+        if let Some(s) = shared {
+            self.add_inplace(&mut out, s)?;
+        }
+        Ok(out)
+    }
+
     /// MLA attention by the decode kernels: the split kernel, or the single-pass one for shapes
     /// it does not take. `tables`: the rows' packed block tables, offsets, lengths.
     pub(crate) fn mla_kernels(&self, a: MlaArgs<'_>, tables: [&CudaSlice<u32>; 3]) -> Result<CudaSlice<f32>> {
@@ -534,8 +565,10 @@ impl CudaBackend {
         Ok(out)
     }
 
-    /// MoE with routing on the host (batches past the device path): one GEMM pair per active
-    /// expert, scattered back with the routing weights.
+    /// MoE with routing on the host (batches past the device path, and expert-parallel ranks
+    /// holding experts `first..first + experts.len()`): the batched GEMMs of `moe_grouped.rs`
+    /// for bf16 experts, else one GEMM pair per active expert, scattered back with the routing
+    /// weights.
     #[allow(clippy::too_many_arguments)]
     fn moe_host_routed(
         &self,
@@ -544,6 +577,7 @@ impl CudaBackend {
         bias: &CudaSlice<f32>,
         cfg_r: &RouterConfig,
         experts: &[ExpertWeights<CudaMatrix>],
+        first: usize,
         m: usize,
         hidden: usize,
     ) -> Result<CudaSlice<f32>> {
@@ -551,15 +585,18 @@ impl CudaBackend {
         // Routing on the host (small: m × n_experts), experts on the device.
         let logits = self.download(gate_logits)?;
         let bias_h = self.download(bias)?;
-        let mut assigned: Vec<Vec<(u32, f32)>> = vec![Vec::new(); e];
+        // Indexed by this rank's experts (all of them unless expert-parallel).
+        let mut assigned: Vec<Vec<(u32, f32)>> = vec![Vec::new(); experts.len()];
         for (t, r) in weft_backend::cpu::route_all(&logits[..m * e], &bias_h, cfg_r).into_iter().enumerate() {
             for (ex, w) in r {
-                assigned[ex].push((t as u32, w));
+                if (first..first + experts.len()).contains(&ex) {
+                    assigned[ex - first].push((t as u32, w));
+                }
             }
         }
         #[cfg(feature = "cuda")]
         if m > 0 && self.moe_grouped_fits(experts) {
-            return self.moe_grouped(x, &assigned, experts, m, hidden, cfg_r.top_k);
+            return self.moe_grouped(x, &assigned, experts, m, hidden, cfg_r.top_k, experts.len() == e);
         }
         let mut out = self.stream.alloc_zeros::<f32>((m * hidden).max(1)).map_err(dev)?;
         let d = hidden as u32;

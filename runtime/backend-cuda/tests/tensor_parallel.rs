@@ -62,14 +62,16 @@ fn split_models_match_the_whole_model_on_one_gpu() {
         let reqs = requests(&dir);
         let whole = LoadedModel::open(&dir, backend().unwrap()).unwrap();
         let want: Vec<GenerateOutput> = reqs.iter().map(|q| generate(&whole.model, q).unwrap()).collect();
-        for size in [2, 4] {
+        // Routed experts sliced (tensor parallel), then whole (expert parallel: host-routed
+        // subsets, `moe_local`).
+        for (size, ep) in [(2, false), (4, false), (2, true), (4, true)] {
             let group = LocalGroup::new(size);
             let handles: Vec<_> = (0..size)
                 .map(|r| {
                     let (dir, reqs) = (dir.clone(), reqs.clone());
                     let rank: Arc<dyn Collective<CudaBackend>> = Arc::new(group.rank(r));
                     std::thread::spawn(move || {
-                        let lm = LoadedModel::open_shard(&dir, backend().unwrap(), LoadOptions::default(), rank).unwrap();
+                        let lm = LoadedModel::open_shard(&dir, backend().unwrap(), LoadOptions { expert_parallel: ep, ..Default::default() }, rank).unwrap();
                         reqs.iter().map(|q| generate(&lm.model, q).unwrap()).collect::<Vec<_>>()
                     })
                 })
@@ -89,9 +91,9 @@ fn split_models_match_the_whole_model_on_one_gpu() {
                     assert_eq!(got.token_ids, ranks[0][ci].token_ids, "{name} TP={size}: ranks agree");
                 }
             }
-            eprintln!("{name}: TP={size} against TP=1 on the GPU: worst prompt logprob difference {worst:.1e}, greedy prefix {agreed}/{total} tokens");
-            assert!(worst < tol, "{name} TP={size}: prompt logprobs differ by {worst}");
-            assert!(agreed * 10 >= total * 9, "{name} TP={size}: greedy tokens agree on {agreed}/{total}");
+            eprintln!("{name}: TP={size} (expert-parallel: {ep}) against TP=1 on the GPU: worst prompt logprob difference {worst:.1e}, greedy prefix {agreed}/{total} tokens");
+            assert!(worst < tol, "{name} TP={size} EP={ep}: prompt logprobs differ by {worst}");
+            assert!(agreed * 10 >= total * 9, "{name} TP={size} EP={ep}: greedy tokens agree on {agreed}/{total}");
         }
     }
 }

@@ -29,16 +29,25 @@ pub trait Collective<B: Backend>: Send + Sync {
     fn abort(&self, reason: &str);
 }
 
-/// Which slice of the model a rank holds: rank `rank` of `size`.
+/// Which slice of the model a rank holds: rank `rank` of `size`. Attention heads and dense
+/// and shared-expert intermediates are split evenly; routed experts too (each expert's
+/// intermediate dimension), or — `expert_parallel` — whole experts, `size` even ranges of them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shard {
     pub rank: usize,
     pub size: usize,
+    pub expert_parallel: bool,
 }
 
 impl Shard {
     /// The whole model (no parallelism).
-    pub const WHOLE: Shard = Shard { rank: 0, size: 1 };
+    pub const WHOLE: Shard = Shard { rank: 0, size: 1, expert_parallel: false };
+
+    /// Rank `rank` of a tensor-parallel group of `size`, routed experts split as `expert_parallel`
+    /// says.
+    pub fn of(rank: usize, size: usize, expert_parallel: bool) -> Shard {
+        Shard { rank, size, expert_parallel: expert_parallel && size > 1 }
+    }
 
     /// `[start, end)` of this rank's even share of `n` (which the caller has checked divides).
     pub fn range(&self, n: usize) -> std::ops::Range<usize> {
@@ -224,7 +233,7 @@ mod tests {
 
     #[test]
     fn shard_ranges_tile_the_dimension() {
-        let parts: Vec<_> = (0..4).map(|rank| Shard { rank, size: 4 }.range(16)).collect();
+        let parts: Vec<_> = (0..4).map(|rank| Shard::of(rank, 4, false).range(16)).collect();
         assert_eq!(parts, vec![0..4, 4..8, 8..12, 12..16]);
         assert_eq!(Shard::WHOLE.range(7), 0..7);
     }

@@ -30,6 +30,14 @@ pub type Result<T> = std::result::Result<T, BackendError>;
 
 /// `Backend::moe`'s check of the optional shared-expert output: as many values as the input
 /// (every backend rejects a mismatch the same way).
+/// The expert range a [`Backend::moe_local`] call holds fits the router's experts.
+pub fn check_local_experts(first: usize, held: usize, cfg: &RouterConfig, bias_len: usize) -> Result<()> {
+    if held == 0 || first + held > cfg.n_experts || bias_len != cfg.n_experts {
+        return Err(BackendError::Shape { op: "moe_local", reason: format!("experts {first}..{} of {} ({bias_len} biases)", first + held, cfg.n_experts) });
+    }
+    Ok(())
+}
+
 pub fn check_moe_shared(shared_len: Option<usize>, x_len: usize) -> Result<()> {
     match shared_len {
         Some(n) if n != x_len => Err(BackendError::Shape { op: "moe", reason: format!("shared output of {n} values for {x_len} inputs") }),
@@ -258,6 +266,26 @@ pub trait Backend: Send + Sync + 'static {
     /// after the routed sum, in the pass that combines it on backends that fuse the two.
     #[allow(clippy::too_many_arguments)]
     fn moe(&self, x: &Self::Buf, gate_logits: &Self::Buf, bias: &Self::Buf, cfg: &RouterConfig, experts: &[ExpertWeights<Self::Matrix>], shared: Option<&Self::Buf>) -> Result<Self::Buf>;
+
+    /// [`Self::moe`] on a rank of an expert-parallel group: `experts` are routed experts
+    /// `first..first + experts.len()` only. Routing still ranks all `n_experts`; a token's
+    /// experts held elsewhere contribute nothing here (the group's all-reduce adds them).
+    #[allow(clippy::too_many_arguments)]
+    fn moe_local(
+        &self,
+        x: &Self::Buf,
+        gate_logits: &Self::Buf,
+        bias: &Self::Buf,
+        cfg: &RouterConfig,
+        experts: &[ExpertWeights<Self::Matrix>],
+        first: usize,
+        shared: Option<&Self::Buf>,
+    ) -> Result<Self::Buf> {
+        if first == 0 && experts.len() == cfg.n_experts {
+            return self.moe(x, gate_logits, bias, cfg, experts, shared);
+        }
+        Err(BackendError::Shape { op: "moe_local", reason: format!("the {} backend holds all {} experts or none", self.name(), cfg.n_experts) })
+    }
 
     // ---- sampling front end ----
     /// For each row of `logits [rows.len(), vocab]`: applies the row's token edits in place,

@@ -89,8 +89,8 @@ fn run_on<B: Backend>(a: GenerateArgs, backend: B) -> Result<()> {
     let dir = a.model.clone().unwrap_or_else(crate::default_model_dir);
     let t0 = std::time::Instant::now();
     let lm = match a.load_format.as_str() {
-        "safetensors" | "auto" => LoadedModel::open_with(&dir, backend, LoadOptions { mtp: false }),
-        "dummy" => LoadedModel::open_dummy_with(&dir, backend, &crate::default_model_dir(), LoadOptions { mtp: false }),
+        "safetensors" | "auto" => LoadedModel::open_with(&dir, backend, LoadOptions { mtp: false, ..Default::default() }),
+        "dummy" => LoadedModel::open_dummy_with(&dir, backend, &crate::default_model_dir(), LoadOptions { mtp: false, ..Default::default() }),
         other => bail!("--load-format {other}: expected safetensors or dummy"),
     }
     .with_context(|| format!("loading model from {}", dir.display()))?;

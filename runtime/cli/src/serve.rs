@@ -117,6 +117,10 @@ pub struct ServeArgs {
     /// libnccl.so on the loader path).
     #[arg(long, default_value = "local")]
     collective: String,
+    /// With --tensor-parallel: each rank holds whole routed experts (an even range of them)
+    /// instead of a slice of every expert; attention, dense and shared experts stay split.
+    #[arg(long)]
+    expert_parallel: bool,
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
@@ -166,13 +170,16 @@ fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String, second: impl Fn() 
     if a.tensor_parallel == 0 {
         bail!("--tensor-parallel must be at least 1");
     }
+    if a.expert_parallel && a.tensor_parallel < 2 {
+        bail!("--expert-parallel splits the experts over --tensor-parallel ranks: give it at least 2");
+    }
     if a.tensor_parallel > 1 && (a.load_format == "dummy" || a.speculative.as_deref() == Some("mtp")) {
         bail!("--tensor-parallel {} works with --load-format safetensors and without --speculative mtp", a.tensor_parallel);
     }
     let dir = a.model.clone().unwrap_or_else(crate::default_model_dir);
     let name = a.served_model_name.clone().unwrap_or_else(|| std::fs::canonicalize(&dir).ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())).unwrap_or_else(|| "weft".into()));
     // The checkpoint's MTP layers take memory only when they draft.
-    let opts = LoadOptions { mtp: a.speculative.as_deref() == Some("mtp") };
+    let opts = LoadOptions { mtp: a.speculative.as_deref() == Some("mtp"), expert_parallel: a.expert_parallel };
     let lm = match (a.load_format.as_str(), group) {
         ("safetensors" | "auto", Some((followers, ranks))) => LoadedModel::open_tensor_parallel_group(&dir, opts, std::iter::once(backend).chain(followers).collect(), ranks),
         ("safetensors" | "auto", None) if a.tensor_parallel > 1 => {

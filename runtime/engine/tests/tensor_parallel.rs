@@ -47,10 +47,11 @@ fn split_engine_serves_what_the_whole_engine_serves() {
     {
         let (want, preempted) = run(LoadedModel::open(&dir, CpuBackend::new()).unwrap(), cfg.clone(), &prompts);
         assert!(cfg.num_pages > 10 || preempted > 0, "the small pool must force preemption");
-        for size in [2, 4] {
-            let lm = LoadedModel::open_tensor_parallel(&dir, size, LoadOptions::default(), CpuBackend::new(), |_| Ok(CpuBackend::new())).unwrap();
+        for (size, expert_parallel) in [(2, false), (4, false), (4, true)] {
+            let opts = LoadOptions { expert_parallel, ..Default::default() };
+            let lm = LoadedModel::open_tensor_parallel(&dir, size, opts, CpuBackend::new(), |_| Ok(CpuBackend::new())).unwrap();
             let (got, _) = run(lm, cfg.clone(), &prompts);
-            assert_eq!(got, want, "TP={size} with {cfg:?}");
+            assert_eq!(got, want, "TP={size} (expert-parallel: {expert_parallel}) with {cfg:?}");
         }
     }
 }

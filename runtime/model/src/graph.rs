@@ -254,7 +254,7 @@ impl<B: Backend> DeepseekV3<B> {
             FeedForward::Moe(m) => {
                 let logits = be.linear(x, &m.router)?;
                 let shared = m.shared.as_ref().map(mlp).transpose()?;
-                be.moe(x, &logits, &m.bias, &self.router, &m.experts, shared.as_ref())?
+                be.moe_local(x, &logits, &m.bias, &self.router, &m.experts, m.first_expert, shared.as_ref())?
             }
         };
         self.reduce(out)

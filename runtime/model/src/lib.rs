@@ -51,11 +51,14 @@ pub struct LoadedModel<B: Backend> {
 pub struct LoadOptions {
     /// The checkpoint's multi-token-prediction layers (for the MTP drafter).
     pub mtp: bool,
+    /// On a tensor-parallel group: each rank holds whole routed experts (an even range of
+    /// them) instead of a slice of every expert (`weft_backend::Shard`).
+    pub expert_parallel: bool,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { mtp: true }
+        LoadOptions { mtp: true, expert_parallel: false }
     }
 }
 
@@ -117,7 +120,7 @@ impl<B: Backend> LoadedModel<B> {
         let tokenizer = tokenizer::TextTokenizer::from_dir(dir)?;
         let defaults = tokenizer::GenerationDefaults::from_dir(dir)?;
         let ck = checkpoint::Checkpoint::open(dir, cfg.fp8_block)?;
-        let shard = group.as_ref().map_or(weft_backend::Shard::WHOLE, |g| weft_backend::Shard { rank: g.rank(), size: g.size() });
+        let shard = group.as_ref().map_or(weft_backend::Shard::WHOLE, |g| weft_backend::Shard::of(g.rank(), g.size(), opts.expert_parallel));
         let weights = weights::ModelWeights::load_shard(&ck, &cfg, &backend, opts.mtp, shard)?;
         let mut model = DeepseekV3::new(cfg, weights, backend);
         if let Some(g) = group {

@@ -26,10 +26,14 @@ pub fn check(cfg: &ModelConfig, shard: Shard) -> std::result::Result<(), String>
         return Err(format!("rank {} of a group of {}", shard.rank, shard.size));
     }
     let n = shard.size;
+    let moe = cfg.n_routed_experts > 0;
     let dims = [
         ("num_attention_heads", cfg.num_attention_heads),
         ("intermediate_size", cfg.intermediate_size),
-        ("moe_intermediate_size", if cfg.n_routed_experts > 0 { cfg.moe_intermediate_size } else { n }),
+        // Expert parallelism splits the routed experts and still slices the shared ones.
+        ("moe_intermediate_size", if moe && !shard.expert_parallel { cfg.moe_intermediate_size } else { n }),
+        ("n_routed_experts", if moe && shard.expert_parallel { cfg.n_routed_experts } else { n }),
+        ("moe_intermediate_size × n_shared_experts", if moe && shard.expert_parallel && cfg.n_shared_experts > 0 { cfg.moe_intermediate_size * cfg.n_shared_experts } else { n }),
     ];
     match dims.iter().find(|(_, d)| !d.is_multiple_of(n)) {
         Some((name, d)) => Err(format!("{name} = {d} does not split across {n} ranks")),

@@ -38,7 +38,9 @@ pub struct AttentionWeights<B: Backend> {
 pub struct MoeWeights<B: Backend> {
     pub router: B::Matrix,
     pub bias: B::Buf,
+    /// Routed experts `first_expert..` (all of them unless expert-parallel).
     pub experts: Vec<ExpertWeights<B::Matrix>>,
+    pub first_expert: usize,
     pub shared: Option<ExpertWeights<B::Matrix>>,
 }
 
@@ -128,22 +130,29 @@ impl<'a, B: Backend> Loader<'a, B> {
     /// block grid allows it, with down_proj; on a sharded model only this rank's slice of the
     /// intermediate dimension (those rows of gate and up, those columns of down).
     fn gate_up(&self, prefix: &str, inter: usize) -> Result<ExpertWeights<B::Matrix>> {
+        self.gate_up_split(prefix, inter, self.shard.size > 1)
+    }
+
+    /// [`Self::gate_up`], the whole intermediate dimension unless `split` (an expert-parallel
+    /// rank holds its routed experts whole).
+    fn gate_up_split(&self, prefix: &str, inter: usize, split: bool) -> Result<ExpertWeights<B::Matrix>> {
         let h = self.cfg.hidden_size;
         let (gn, un) = (format!("{prefix}.gate_proj.weight"), format!("{prefix}.up_proj.weight"));
         let name = format!("{prefix}.gate_up");
-        let r = self.shard.range(inter);
-        let dummy = if self.shard.size == 1 { self.device_dummy(&name, &[(&gn, inter), (&un, inter)], h) } else { None };
+        let r = if split { self.shard.range(inter) } else { 0..inter };
+        let dummy = if !split { self.device_dummy(&name, &[(&gn, inter), (&un, inter)], h) } else { None };
         let gate_up = match dummy {
             Some(m) => m?,
             None => {
                 let (mut g, mut u) = (self.ck.matrix(&gn, inter, h)?, self.ck.matrix(&un, inter, h)?);
-                if self.shard.size > 1 {
+                if split {
                     (g, u) = (shard::rows(&g, r.clone())?, shard::rows(&u, r.clone())?);
                 }
                 self.be.upload_matrix(&stack_rows(&name, &g, &u)?)?
             }
         };
-        let down = self.mat_cols(&format!("{prefix}.down_proj.weight"), h, inter, r.clone())?;
+        let down_name = format!("{prefix}.down_proj.weight");
+        let down = if split { self.mat_cols(&down_name, h, inter, r.clone())? } else { self.mat(&down_name, h, inter)? };
         Ok(ExpertWeights { gate_up, down, inter: r.len() })
     }
 
@@ -191,9 +200,12 @@ impl<'a, B: Backend> Loader<'a, B> {
         };
         let ffn = if c.is_moe_layer(i) {
             let e = c.n_routed_experts;
-            let experts = (0..e).map(|x| self.gate_up(&format!("{p}.mlp.experts.{x}"), c.moe_intermediate_size)).collect::<Result<Vec<_>>>()?;
+            let ep = self.shard.expert_parallel;
+            let held = if ep { self.shard.range(e) } else { 0..e };
+            let experts = held.clone().map(|x| self.gate_up_split(&format!("{p}.mlp.experts.{x}"), c.moe_intermediate_size, !ep && self.shard.size > 1)).collect::<Result<Vec<_>>>()?;
             let shared = if c.n_shared_experts > 0 { Some(self.gate_up(&format!("{p}.mlp.shared_experts"), c.moe_intermediate_size * c.n_shared_experts)?) } else { None };
-            FeedForward::Moe(MoeWeights { router: self.mat(&format!("{p}.mlp.gate.weight"), e, h)?, bias: self.vec(&format!("{p}.mlp.gate.e_score_correction_bias"), e)?, experts, shared })
+            let (router, bias) = (self.mat(&format!("{p}.mlp.gate.weight"), e, h)?, self.vec(&format!("{p}.mlp.gate.e_score_correction_bias"), e)?);
+            FeedForward::Moe(MoeWeights { router, bias, experts, first_expert: held.start, shared })
         } else {
             FeedForward::Dense(self.gate_up(&format!("{p}.mlp"), c.intermediate_size)?)
         };

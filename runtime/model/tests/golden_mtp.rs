@@ -90,7 +90,7 @@ fn mtp_module_matches_transformers_float64() {
 #[test]
 fn mtp_layers_load_only_when_asked() {
     let dir = golden_dir().join("v3-qlora-yarn-groups");
-    let without = LoadedModel::open_with(&dir, CpuBackend::new(), weft_model::LoadOptions { mtp: false }).unwrap();
+    let without = LoadedModel::open_with(&dir, CpuBackend::new(), weft_model::LoadOptions { mtp: false, ..Default::default() }).unwrap();
     assert_eq!(without.model.mtp_layers(), 0);
     assert!(without.model.mtp_logits(0, &without.model.backend.upload(&vec![0.0; without.model.cfg.hidden_size]).unwrap()).is_err());
     let with = LoadedModel::open(&dir, CpuBackend::new()).unwrap();

@@ -1,7 +1,8 @@
 //! Tensor parallelism on the CPU: each golden fixture split over 2 and 4 ranks (threads of one
 //! process, a `LocalGroup` summing through host memory) must produce what the unsplit model
 //! produces — prompt log-probabilities within 1e-4, the same greedy tokens — on every rank, and
-//! still match transformers' float64 reference. A model that does not split evenly is refused.
+//! still match transformers' float64 reference — with routed experts sliced (tensor parallel) and
+//! whole (expert parallel). A model that does not split evenly is refused.
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -30,14 +31,15 @@ fn requests(dir: &Path) -> Vec<GenerateRequest> {
 }
 
 /// Every rank's outputs for `reqs`, the ranks running concurrently.
-fn run_group(dir: &Path, size: usize, reqs: &[GenerateRequest]) -> Vec<Vec<GenerateOutput>> {
+fn run_group(dir: &Path, size: usize, reqs: &[GenerateRequest], expert_parallel: bool) -> Vec<Vec<GenerateOutput>> {
     let group = LocalGroup::new(size);
     let handles: Vec<_> = (0..size)
         .map(|r| {
             let (dir, reqs, rank) = (dir.to_path_buf(), reqs.to_vec(), group.rank(r));
             std::thread::spawn(move || {
                 let rank: Arc<dyn Collective<CpuBackend>> = Arc::new(rank);
-                let lm = LoadedModel::open_shard(&dir, CpuBackend::new(), LoadOptions::default(), rank).unwrap();
+                let opts = LoadOptions { expert_parallel, ..Default::default() };
+                let lm = LoadedModel::open_shard(&dir, CpuBackend::new(), opts, rank).unwrap();
                 reqs.iter().map(|q| generate(&lm.model, q).unwrap()).collect::<Vec<_>>()
             })
         })
@@ -56,22 +58,22 @@ fn split_models_reproduce_the_whole_model_on_every_rank() {
         let reqs = requests(&dir);
         let whole = LoadedModel::open(&dir, CpuBackend::new()).unwrap();
         let want: Vec<GenerateOutput> = reqs.iter().map(|q| generate(&whole.model, q).unwrap()).collect();
-        for size in [2, 4] {
-            let ranks = run_group(&dir, size, &reqs);
+        for (size, ep) in [(2, false), (4, false), (2, true), (4, true)] {
+            let ranks = run_group(&dir, size, &reqs, ep);
             let mut worst = 0f64;
             for (r, outs) in ranks.iter().enumerate() {
                 for (ci, (got, want)) in outs.iter().zip(&want).enumerate() {
-                    assert_eq!(got.token_ids, want.token_ids, "{name} TP={size} rank {r} case {ci}: greedy tokens");
+                    assert_eq!(got.token_ids, want.token_ids, "{name} TP={size} EP={ep} rank {r} case {ci}: greedy tokens");
                     for i in 1..reqs[ci].prompt_ids.len() {
                         let tok = reqs[ci].prompt_ids[i];
                         let (g, w) = (prompt_logprob(got, i, tok), prompt_logprob(want, i, tok));
                         worst = worst.max((g - w).abs());
-                        assert!((g - w).abs() < 1e-4, "{name} TP={size} rank {r} case {ci} position {i}: {g} vs {w}");
+                        assert!((g - w).abs() < 1e-4, "{name} TP={size} EP={ep} rank {r} case {ci} position {i}: {g} vs {w}");
                     }
                     assert_eq!(got.token_ids, ranks[0][ci].token_ids, "ranks agree");
                 }
             }
-            eprintln!("{name}: TP={size} equals TP=1 on every rank (worst prompt logprob difference {worst:.1e})");
+            eprintln!("{name}: TP={size} (experts {}) equals TP=1 on every rank (worst prompt logprob difference {worst:.1e})", if ep { "whole, expert-parallel" } else { "sliced" });
         }
     }
 }

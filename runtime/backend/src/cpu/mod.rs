@@ -247,7 +247,18 @@ impl Backend for CpuBackend {
         }
         check_rows("moe", gate_logits.len(), cfg.n_experts)?;
         crate::check_moe_shared(shared.map(Vec::len), x.len())?;
-        let mut out = moe::experts(self, x, gate_logits, bias, cfg, experts)?;
+        let mut out = moe::experts(self, x, gate_logits, bias, cfg, experts, 0)?;
+        if let Some(s) = shared {
+            self.add_inplace(&mut out, s)?;
+        }
+        Ok(out)
+    }
+
+    fn moe_local(&self, x: &Vec<f32>, gate_logits: &Vec<f32>, bias: &Vec<f32>, cfg: &RouterConfig, experts: &[ExpertWeights<CpuMatrix>], first: usize, shared: Option<&Vec<f32>>) -> Result<Vec<f32>> {
+        crate::check_local_experts(first, experts.len(), cfg, bias.len())?;
+        check_rows("moe", gate_logits.len(), cfg.n_experts)?;
+        crate::check_moe_shared(shared.map(Vec::len), x.len())?;
+        let mut out = moe::experts(self, x, gate_logits, bias, cfg, experts, first)?;
         if let Some(s) = shared {
             self.add_inplace(&mut out, s)?;
         }

@@ -69,14 +69,18 @@ pub fn route_all(logits: &[f32], bias: &[f32], cfg: &RouterConfig) -> Vec<Vec<(u
     })
 }
 
-pub(crate) fn experts(be: &CpuBackend, x: &[f32], gate_logits: &[f32], bias: &[f32], cfg: &RouterConfig, experts: &[ExpertWeights<super::CpuMatrix>]) -> Result<Vec<f32>> {
+/// The routed experts' sum for every token; `experts` are experts `first..` (all of them on an
+/// unsplit model), tokens' other experts are skipped.
+pub(crate) fn experts(be: &CpuBackend, x: &[f32], gate_logits: &[f32], bias: &[f32], cfg: &RouterConfig, experts: &[ExpertWeights<super::CpuMatrix>], first: usize) -> Result<Vec<f32>> {
     let e = cfg.n_experts;
     let m = gate_logits.len() / e;
     let hidden = x.len() / m.max(1);
     let mut assigned: Vec<Vec<(usize, f32)>> = vec![Vec::new(); e];
     for (t, r) in route_all(&gate_logits[..m * e], bias, cfg).into_iter().enumerate() {
         for (ex, w) in r {
-            assigned[ex].push((t, w));
+            if (first..first + experts.len()).contains(&ex) {
+                assigned[ex - first].push((t, w));
+            }
         }
     }
     let mut out = vec![0f32; m * hidden];
