@@ -267,13 +267,15 @@ extern "C" __global__ void moe_pairs_silu_split(const float* __restrict__ gu, co
 }
 
 // out[t] = Σ_q w[t, q] · (y[hi[p]] + y[lo[p]]) over the token's k pairs p = tpair[t, q], in the
-// order given (ascending expert, as the per-expert scatter it replaces). One block per token.
+// order given (ascending expert, as the per-expert scatter it replaces); places of experts
+// another rank holds are skipped. One block per token.
 extern "C" __global__ void moe_pairs_combine(const float* __restrict__ y, const u32* hi, const u32* lo, const u32* tpair, const float* tw, float* out, u32 k, u32 d) { WEFT_PDL_ENTRY();
     const u32 t = blockIdx.x;
     for (u32 j = threadIdx.x; j < d; j += blockDim.x) {
         float s = 0.f;
         for (u32 q = 0; q < k; q++) {
             u32 p = tpair[(i64)t * k + q];
+            if (p == 0xffffffffu) continue;  // an expert another rank holds (NO_PAIR)
             s += tw[(i64)t * k + q] * (y[(i64)hi[p] * d + j] + y[(i64)lo[p] * d + j]);
         }
         out[(i64)t * d + j] = s;
