@@ -3,7 +3,7 @@
 //! splits. The single-pass kernel in `weft.cu` remains for shapes this one does not take.
 
 use crate::{dev, CudaBackend, CudaKvPool};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
 use weft_backend::{AttnRow, Result};
 
 /// Tokens per shared-memory tile and heads per block (`MLA_T`, `MLA_HG` in mla.cu).
@@ -52,7 +52,7 @@ impl CudaBackend {
     }
 
     /// `tables`: the rows' concatenated block tables, their offsets and visible lengths.
-    pub(crate) fn mla_split(&self, a: MlaArgs<'_>, tables: [&CudaSlice<u32>; 3]) -> Result<CudaSlice<f32>> {
+    pub(crate) fn mla_split(&self, a: MlaArgs<'_>, tables: [&CudaView<'_, u32>; 3]) -> Result<CudaSlice<f32>> {
         let MlaArgs { pool, layer, q_lat, q_pe, heads, rows, scale } = a;
         let l = pool.layout;
         let (mut groups, mut hg) = head_groups(heads);

@@ -11,15 +11,12 @@
 //! go in tiles so the score buffers stay within the backend's `mla_score_bytes` (1 GiB).
 
 use crate::mla::MlaArgs;
+use crate::ops::cfg;
 use crate::{dev, CudaBackend};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
 use std::ffi::c_void;
 use weft_backend::{AttnRow, Result};
-
-fn blocks(n: usize) -> LaunchConfig {
-    LaunchConfig { grid_dim: (n.max(1) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
-}
 
 /// Rows `start..start + len` of a step: one sequence's consecutive positions (same block table,
 /// each row seeing one more token than the one before).
@@ -123,7 +120,7 @@ impl CudaBackend {
             let (ps, w32) = (l.page_size as u32, w as u32);
             let mut b = self.stream.launch_builder(self.func("mla_gather_split"));
             b.arg(&view).arg(&table).arg(&mut hi).arg(&mut lo).arg(&ps).arg(&w32);
-            unsafe { b.launch(blocks(total)) }.map_err(dev)?;
+            unsafe { b.launch(cfg(total, 0)) }.map_err(dev)?;
         }
         let rh = run.len * heads;
         let mut q = self.alloc::<u16>(2 * rh * w)?;
@@ -134,7 +131,7 @@ impl CudaBackend {
             let (lat32, rd32) = (lat as u32, rd as u32);
             let mut b = self.stream.launch_builder(self.func("mla_q_split"));
             b.arg(&ql).arg(&qp).arg(&mut hi).arg(&mut lo).arg(&lat32).arg(&rd32);
-            unsafe { b.launch(blocks(rh)) }.map_err(dev)?;
+            unsafe { b.launch(cfg(rh, 0)) }.map_err(dev)?;
         }
         let (pc, _gc) = c.device_ptr(&self.stream);
         let (pq, _gq) = q.device_ptr(&self.stream);
@@ -163,7 +160,7 @@ impl CudaBackend {
                 let (r32, t32, c32) = (r as u32, t as u32, (ctx0 + i0) as u32);
                 let mut b = self.stream.launch_builder(self.func("mla_softmax_split"));
                 b.arg(&s).arg(&mut hi).arg(&mut lo).arg(&r32).arg(&t32).arg(&c32).arg(&scale);
-                unsafe { b.launch(blocks(heads * r)) }.map_err(dev)?;
+                unsafe { b.launch(cfg(heads * r, 0)) }.map_err(dev)?;
             }
             let (pp, _gp) = p.device_ptr(&self.stream);
             let (p_hi, p_lo) = (pp, pp + (heads * r * t * 2) as u64);
@@ -211,14 +208,16 @@ impl CudaBackend {
         let sub: Vec<AttnRow<'_>> = others.iter().map(|&i| rows[i as usize]).collect();
         let ql = self.gather_rows(q_lat, width, &others)?;
         let qp = self.gather_rows(q_pe, heads * l.rope_dim, &others)?;
+        // The other rows' block tables, their offsets, lengths and places: one upload.
         let [bt, off, ctx] = crate::graphs::pack_tables(&sub);
-        let (bt, off, ctx) = (self.up_u32(&bt)?, self.up_u32(&off)?, self.up_u32(&ctx)?);
+        let (nb, no) = (bt.len(), off.len());
+        let packed = self.up_u32(&[bt, off, ctx, others.clone()].concat())?;
+        let (bt, off, ctx, idx) = (packed.slice(..nb), packed.slice(nb..nb + no), packed.slice(nb + no..nb + 2 * no), packed.slice(nb + 2 * no..));
         let o = self.mla_kernels(MlaArgs { q_lat: &ql, q_pe: &qp, rows: &sub, ..a }, [&bt, &off, &ctx])?;
-        let idx = self.up_u32(&others)?;
         let d = width as u32;
         let mut b = self.stream.launch_builder(self.func("scatter_rows"));
         b.arg(&o).arg(&idx).arg(&mut out).arg(&d);
-        unsafe { b.launch(blocks(others.len())) }.map_err(dev)?;
+        unsafe { b.launch(cfg(others.len(), 0)) }.map_err(dev)?;
         Ok(out)
     }
 }

@@ -11,19 +11,15 @@
 //! takes both parts (kernels `moe_pairs_*` in kernels/moe.cu). Only bf16 expert weights take this
 //! path; fp8 ones would first need bf16 copies of every active expert.
 
+use crate::ops::cfg;
 use crate::{dev, CudaBackend, CudaMatrix};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasGemmBatchedEx, cublasOperation_t, cublasStatus_t, cudaDataType};
-use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
 use std::ffi::c_void;
 use weft_backend::{BackendError, ExpertWeights, Result};
 
-const BLOCK: u32 = 256;
 /// A token's empty pair place (its expert is on another rank); `moe_pairs_combine` skips it.
 const NO_PAIR: u32 = u32::MAX;
-
-fn blocks(n: usize) -> LaunchConfig {
-    LaunchConfig { grid_dim: (n.max(1) as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
-}
 
 /// Where each pair's rows lie: pairs in expert order; an expert with `c` pairs gets a slot of
 /// `2b` rows, `b` the power of two at or above `c` (at least 8): its pairs take rows
@@ -102,51 +98,53 @@ impl CudaBackend {
             return Err(BackendError::Shape { op: "moe", reason: "experts of different intermediate sizes".into() });
         }
         let pairs = l.tok.len();
-        let mut idx = Vec::with_capacity(3 * pairs + l.tpair.len());
+        // Pair indices and routing weights (as their bits): one upload.
+        let mut idx = Vec::with_capacity(3 * pairs + 2 * l.tpair.len());
         for v in [&l.tok, &l.hi, &l.lo, &l.tpair] {
             idx.extend_from_slice(v);
         }
+        idx.extend(l.tw.iter().map(|w| w.to_bits()));
         let idx = self.up_u32(&idx)?;
-        let tw = self.up_f32(&l.tw)?;
         let (tok, rest) = idx.split_at(pairs);
         let (hi, rest) = rest.split_at(pairs);
-        let (lo, tpair) = rest.split_at(pairs);
+        let (lo, rest) = rest.split_at(pairs);
+        let (tpair, tw) = rest.split_at(l.tpair.len());
         let (d, i32_, k32) = (hidden as u32, inter as u32, k as u32);
 
         let mut xs = self.alloc::<u16>(l.rows() * hidden)?;
+        let gu = self.alloc::<f32>(l.rows() * 2 * inter)?;
+        let mut h = self.alloc::<u16>(l.rows() * inter)?;
+        let y = self.alloc::<f32>(l.rows() * hidden)?;
+        // Both GEMMs' pointer arrays: one upload.
+        let mut ptrs = self.gemm_ptrs(&l, experts.iter().map(|w| &w.gate_up).collect(), &xs, &gu, 2 * inter, hidden);
+        let first = ptrs.len();
+        ptrs.extend(self.gemm_ptrs(&l, experts.iter().map(|w| &w.down).collect(), &h, &y, hidden, inter));
+        self.no_capture("a batched GEMM's pointer upload")?;
+        let dptrs = self.stream.clone_htod(&ptrs).map_err(dev)?;
+        let (pp, _gp) = dptrs.device_ptr(&self.stream);
+
         let mut b = self.stream.launch_builder(self.func("moe_pairs_split"));
         b.arg(x).arg(&tok).arg(&hi).arg(&lo).arg(&mut xs).arg(&d);
-        unsafe { b.launch(blocks(pairs)) }.map_err(dev)?;
-
-        let mut gu = self.alloc::<f32>(l.rows() * 2 * inter)?;
-        self.grouped_gemm(&l, experts.iter().map(|w| &w.gate_up).collect(), &xs, &mut gu, 2 * inter, hidden)?;
-        let mut h = self.alloc::<u16>(l.rows() * inter)?;
+        unsafe { b.launch(cfg(pairs, 0)) }.map_err(dev)?;
+        self.grouped_gemm(&l, pp, 2 * inter, hidden)?;
         let mut b = self.stream.launch_builder(self.func("moe_pairs_silu_split"));
         b.arg(&gu).arg(&hi).arg(&lo).arg(&mut h).arg(&i32_);
-        unsafe { b.launch(blocks(pairs)) }.map_err(dev)?;
-        drop(gu);
-
-        let mut y = self.alloc::<f32>(l.rows() * hidden)?;
-        self.grouped_gemm(&l, experts.iter().map(|w| &w.down).collect(), &h, &mut y, hidden, inter)?;
+        unsafe { b.launch(cfg(pairs, 0)) }.map_err(dev)?;
+        self.grouped_gemm(&l, pp + 8 * first as u64, hidden, inter)?;
         let mut out = self.out(m * hidden)?;
         let mut b = self.stream.launch_builder(self.func("moe_pairs_combine"));
         b.arg(&y).arg(&hi).arg(&lo).arg(&tpair).arg(&tw).arg(&mut out).arg(&k32).arg(&d);
-        unsafe { b.launch(blocks(m)) }.map_err(dev)?;
+        unsafe { b.launch(cfg(m, 0)) }.map_err(dev)?;
         Ok(out)
     }
 
-    /// `c[slot rows of expert e] = b[slot rows of e] · W_eᵀ` for every active expert: `n` outputs
-    /// per row, `kdim` inputs, bf16 × bf16 with f32 accumulation and output; one batched GEMM per
-    /// bucket size.
-    fn grouped_gemm(&self, l: &PairLayout, w: Vec<&CudaMatrix>, b: &CudaSlice<u16>, c: &mut CudaSlice<f32>, n: usize, kdim: usize) -> Result<()> {
+    /// The pointer arrays of `grouped_gemm` for `c = b · Wᵀ` (`n` outputs per row, `kdim`
+    /// inputs): [A.. | B.. | C..] per bucket size, buckets ascending.
+    fn gemm_ptrs(&self, l: &PairLayout, w: Vec<&CudaMatrix>, b: &CudaSlice<u16>, c: &CudaSlice<f32>, n: usize, kdim: usize) -> Vec<u64> {
         let (pb, _gb) = b.device_ptr(&self.stream);
         let (pc, _gc) = c.device_ptr(&self.stream);
-        let mut buckets: Vec<usize> = l.groups.iter().map(|g| g.2).collect();
-        buckets.sort_unstable();
-        buckets.dedup();
-        // Pointer arrays of every bucket, one upload: [A.. | B.. | C..] per bucket, in order.
         let mut ptrs = Vec::with_capacity(3 * l.groups.len());
-        for &bk in &buckets {
+        for bk in buckets(l) {
             let members: Vec<&(usize, usize, usize)> = l.groups.iter().filter(|g| g.2 == bk).collect();
             for &&(e, _, _) in &members {
                 let (pa, _ga) = w[e].data.device_ptr(&self.stream);
@@ -155,13 +153,16 @@ impl CudaBackend {
             ptrs.extend(members.iter().map(|&&(_, row0, _)| pb + (row0 * kdim * 2) as u64));
             ptrs.extend(members.iter().map(|&&(_, row0, _)| pc + (row0 * n * 4) as u64));
         }
-        self.no_capture("a batched GEMM's pointer upload")?;
-        let dptrs = self.stream.clone_htod(&ptrs).map_err(dev)?;
-        let (pp, _gp) = dptrs.device_ptr(&self.stream);
+        ptrs
+    }
+
+    /// `c[slot rows of expert e] = b[slot rows of e] · W_eᵀ` for every active expert: `n` outputs
+    /// per row, `kdim` inputs, bf16 × bf16 with f32 accumulation and output; one batched GEMM per
+    /// bucket size, its pointers from `gemm_ptrs` on the device at `at`.
+    fn grouped_gemm(&self, l: &PairLayout, mut at: u64, n: usize, kdim: usize) -> Result<()> {
         let (alpha, beta) = (1.0f32, 0.0f32);
         let blas = self.blas.lock().unwrap();
-        let mut at = pp;
-        for &bk in &buckets {
+        for bk in buckets(l) {
             let g = l.groups.iter().filter(|x| x.2 == bk).count();
             let status = unsafe {
                 cublasGemmBatchedEx(
@@ -194,6 +195,14 @@ impl CudaBackend {
         }
         Ok(())
     }
+}
+
+/// The slot sizes in use, ascending (one batched GEMM each).
+fn buckets(l: &PairLayout) -> Vec<usize> {
+    let mut b: Vec<usize> = l.groups.iter().map(|g| g.2).collect();
+    b.sort_unstable();
+    b.dedup();
+    b
 }
 
 #[cfg(test)]

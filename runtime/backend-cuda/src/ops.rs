@@ -6,7 +6,7 @@ use crate::graphs::{pack_tables, StepArray};
 use crate::mla::MlaArgs;
 use crate::{dev, CudaBackend, CudaKvPool, CudaMatrix, Fp8Weight};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use std::ffi::c_void;
 use weft_backend::{AttnRow, Backend, BackendError, ExpertWeights, HostMatrix, KvLayout, Result, RopeParams, RouterConfig, StepBatch, WeightDtype};
 
@@ -29,7 +29,8 @@ fn check_rows(op: &'static str, len: usize, width: usize) -> Result<usize> {
     Ok(len / width)
 }
 
-fn cfg(grid: usize, shared: u32) -> LaunchConfig {
+/// `grid` blocks of `BLOCK` threads with `shared` bytes of dynamic shared memory.
+pub(crate) fn cfg(grid: usize, shared: u32) -> LaunchConfig {
     LaunchConfig { grid_dim: (grid.max(1) as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: shared }
 }
 
@@ -469,7 +470,7 @@ impl Backend for CudaBackend {
         }
         let [bt, off, ctx] = pack_tables(rows);
         let (btb, offb, ctxb) = (self.step_array(StepArray::Tables, &bt)?, self.step_array(StepArray::Offsets, &off)?, self.step_array(StepArray::Lens, &ctx)?);
-        self.mla_kernels(a, [&*btb, &*offb, &*ctxb])
+        self.mla_kernels(a, [&btb.slice(..), &offb.slice(..), &ctxb.slice(..)])
     }
 
     fn kv_store(&self, pool: &mut CudaKvPool, layer: usize, k: &CudaSlice<f32>, v: &CudaSlice<f32>, slots: &[u32]) -> Result<()> {
@@ -549,7 +550,7 @@ impl CudaBackend {
 
     /// MLA attention by the decode kernels: the split kernel, or the single-pass one for shapes
     /// it does not take. `tables`: the rows' packed block tables, offsets, lengths.
-    pub(crate) fn mla_kernels(&self, a: MlaArgs<'_>, tables: [&CudaSlice<u32>; 3]) -> Result<CudaSlice<f32>> {
+    pub(crate) fn mla_kernels(&self, a: MlaArgs<'_>, tables: [&CudaView<'_, u32>; 3]) -> Result<CudaSlice<f32>> {
         let MlaArgs { pool, layer, q_lat, q_pe, heads, rows, scale } = a;
         if self.mla_split_fits(pool, heads) {
             return self.mla_split(a, tables);
