@@ -157,10 +157,11 @@ extern "C" __global__ void mla_decode(const float* layer, const float* q_lat, co
     }
 }
 
-// One block per (row, head): merges the splits' partial outputs. The splits' weights
-// exp(m_s - M) / L are computed once, in parallel, into shared memory (dynamic: blockDim.x
-// floats of reduction scratch, then nsplit weights); each output dim then sums independent
-// loads over the splits.
+// Block (row·head, column chunk): merges the splits' partial outputs for blockDim.x latent
+// columns of one row and head (columns in chunks, so that a single decoding row still spreads
+// over many SMs). The splits' weights exp(m_s - M) / L are computed once per block, in
+// parallel, into shared memory (dynamic: blockDim.x floats of reduction scratch, then nsplit
+// weights); each column then sums independent loads over the splits.
 extern "C" __global__ void mla_combine(const float* o_part, const float* ml_part, float* out, u32 nsplit, u32 latent) { WEFT_PDL_ENTRY();
     WEFT_DYNAMIC_SHARED(float, smem);
     float* red = smem;
@@ -179,7 +180,7 @@ extern "C" __global__ void mla_combine(const float* o_part, const float* ml_part
     }
     float L = block_sum(l, red);
     const float* o = o_part + rh * nsplit * latent;
-    for (u32 d = threadIdx.x; d < latent; d += blockDim.x) {
+    for (u32 d = blockIdx.y * blockDim.x + threadIdx.x; d < min(latent, (blockIdx.y + 1) * blockDim.x); d += blockDim.x) {
         // Unrolled so that 16 loads are in flight before their sums need them.
         float a = 0.f;
 #pragma unroll 16
@@ -234,5 +235,241 @@ extern "C" __global__ void mla_softmax_split(const float* __restrict__ s, u16* p
         u16 h = f32_to_bf16(p);
         phi[o + j] = h;
         plo[o + j] = f32_to_bf16(p - bf16_to_f32(h));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// mla_decode on tensor cores (NVIDIA sm_80+, `mma.sync` m16n8k16 from mma.cu): same inputs,
+// launch grid, partial outputs and merge (mla_combine) as mla_decode, for up to 16 heads per
+// block (one m16 tile; fewer heads leave rows of it zero) and latent widths up to 512. The f32
+// cache and queries go in as two bf16 parts each (rounding + the rounding's error), every
+// product as three (hi·hi + lo·hi + hi·lo, f32 accumulation), so the result tracks the CUDA-core
+// kernel to ~1e-6 while the CUDA cores only split and the tensor cores do the arithmetic —
+// which bound mla_decode (~15 % of copy bandwidth at 64 × 4096).
+//
+// 8 warps. A tile of MLT_T tokens (f32, all `latent + rope` columns) is copied into shared
+// memory with cp.async while the previous tile is used (two buffers). Scores: warp (kq, th)
+// multiplies the block's queries (held in registers as A fragments, its quarter kq of the
+// width) by tokens 16·th..16·th+15 of the tile; the four quarters' partial scores meet in
+// shared memory. Softmax: 16 threads per head, running max and sum in their registers; the
+// weights go out as bf16 parts. Values: warp w owns latent columns 64w..64w+63 for every head.
+// The k order inside each 16-column step of the score product is ours (A and B agree): lane t
+// holds columns 4t..4t+3, one float4 from each. Shared-memory rows are w + pad floats with the
+// stride ≡ 20 (mod 32) words for w ≡ 0 (mod 32): the value pass's column reads (8 columns ×
+// tokens 2t, 2t+1, 2t+8, 2t+9) hit 32 distinct banks.
+#define MLT_T 32
+#define MLT_KS 9 /* k16 steps of the score product per warp: width <= 4 * 9 * 16 = 576 */
+#define MLT_PS (MLT_T + 8) /* u16 stride of the weights' rows */
+
+#if !defined(WEFT_NO_PTX)
+__device__ __forceinline__ void cp_async16(float* dst, const float* src, u32 bytes) {
+    u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+#else
+__device__ __forceinline__ void cp_async16(float* dst, const float* src, u32 bytes) {
+    for (int i = 0; i < 4; i++) dst[i] = bytes ? src[i] : 0.f;
+}
+__device__ __forceinline__ void cp_async_commit() {}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {}
+#endif
+
+// Floats per shared-memory row of the tile (see above).
+__device__ __forceinline__ u32 mlt_stride(u32 w) { return w + (52u - w % 32u) % 32u; }
+
+// Tokens base..base+MLT_T-1 of the row's context into buf (rows past `end` zero-filled). A tile
+// starts at a multiple of MLT_T, so with pages of a multiple of MLT_T tokens (64 in practice)
+// it lies in one page: one block-table lookup per tile, not a dependent global load before
+// every copy (the copies' asm orders them). Other page sizes look up every row.
+__device__ __forceinline__ void mlt_load(float* buf, const float* layer, const u32* table, u32 base, u32 end, u32 page, u32 w, u32 ks) {
+    const u32 w4 = w / 4, chunks = MLT_T * w4;
+    const bool one_page = page % MLT_T == 0;
+    const i64 row0 = one_page ? (i64)table[base / page] * page + base % page : 0;
+    u32 tt = threadIdx.x / w4, j = threadIdx.x % w4;
+    const u32 step_t = blockDim.x / w4, step_j = blockDim.x % w4;
+    for (u32 i = threadIdx.x; i < chunks; i += blockDim.x) {
+        const u32 tok = base + tt;
+        const float* src = layer;
+        u32 bytes = 0;
+        if (tok < end) {
+            const i64 r = one_page ? row0 + tt : (i64)table[tok / page] * page + tok % page;
+            src = layer + r * w + 4 * j;
+            bytes = 16;
+        }
+        cp_async16(buf + tt * ks + 4 * j, src, bytes);
+        tt += step_t;
+        j += step_j;
+        if (j >= w4) {
+            j -= w4;
+            tt++;
+        }
+    }
+    cp_async_commit();
+}
+
+// Dynamic shared memory: tiles [2][MLT_T][ks] f32, partial scores [4][16][MLT_T] f32, weights
+// hi/lo [16][MLT_PS] u16 each, per-head rescale [16] f32 (mla.rs: mla_mma_smem).
+extern "C" __global__ void __launch_bounds__(256) mla_decode_mma(const float* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) { WEFT_PDL_ENTRY();
+    WEFT_DYNAMIC_SHARED(float, smem);
+    const u32 w = latent + rd, ks = mlt_stride(w);
+    const u32 row = blockIdx.x / groups, h0 = blockIdx.x % groups * gsize;
+    const u32 hg = min(gsize, heads - h0);
+    const u32 nsplit = gridDim.y, split = blockIdx.y;
+    const u32 n = ctx[row];
+    const u32 t_begin = min(n, split * chunk), t_end = min(n, t_begin + chunk);
+    const u32* table = bt + bt_off[row];
+    float* tiles = smem;
+    float* red = tiles + 2 * MLT_T * ks;
+    u16* phi = (u16*)(red + 4 * 16 * MLT_T);
+    u16* plo = phi + 16 * MLT_PS;
+    float* corr = (float*)(plo + 16 * MLT_PS);
+    const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const u32 kq = warp % 4, th = warp / 4;
+    const u32 nks = w / 16, ks0 = kq * nks / 4, ks1 = (kq + 1) * nks / 4;
+    const u32 ntiles = (t_end - t_begin + MLT_T - 1) / MLT_T;
+    if (ntiles) mlt_load(tiles, layer, table, t_begin, t_end, page, w, ks);
+
+    // This warp's quarter of the queries as A fragments (rows: heads g, g + 8 of the block).
+    u32 qa[MLT_KS][4], qb[MLT_KS][4];
+#pragma unroll
+    for (int i = 0; i < MLT_KS; i++) {
+        float4 x[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            x[r] = make_float4(0.f, 0.f, 0.f, 0.f);
+            const u32 h = g + 8 * r, d = (ks0 + i) * 16 + 4 * t;
+            if (ks0 + i < ks1 && h < hg) {
+                const i64 qh = (i64)row * heads + h0 + h;
+                x[r] = d < latent ? *(const float4*)(q_lat + qh * latent + d) : *(const float4*)(q_pe + qh * rd + d - latent);
+            }
+        }
+        split_bf16x2(x[0].x, x[0].y, qa[i][0], qb[i][0]);
+        split_bf16x2(x[1].x, x[1].y, qa[i][1], qb[i][1]);
+        split_bf16x2(x[0].z, x[0].w, qa[i][2], qb[i][2]);
+        split_bf16x2(x[1].z, x[1].w, qa[i][3], qb[i][3]);
+    }
+    // Softmax state of head sh (threads 16·sh..16·sh+15 hold identical copies).
+    const u32 sh = threadIdx.x / 16, sc = 2 * (threadIdx.x % 16);
+    float m_run = -WEFT_INF, l_run = 0.f;
+    float acc[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[j][i] = 0.f;
+
+    for (u32 it = 0; it < ntiles; it++) {
+        const float* kv = tiles + (it & 1) * MLT_T * ks;
+        const u32 base = t_begin + it * MLT_T, cnt = min((u32)MLT_T, t_end - base);
+        if (it + 1 < ntiles) {
+            mlt_load(tiles + ((it + 1) & 1) * MLT_T * ks, layer, table, base + MLT_T, t_end, page, w, ks);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        {
+            float s[2][4];
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) s[j][i] = 0.f;
+#pragma unroll
+            for (int i = 0; i < MLT_KS; i++) {
+                if (ks0 + i < ks1) {
+                    const u32 d = (ks0 + i) * 16 + 4 * t;
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        const float4 k4 = *(const float4*)(kv + (th * 16 + j * 8 + g) * ks + d);
+                        u32 bh0, bl0, bh1, bl1;
+                        split_bf16x2(k4.x, k4.y, bh0, bl0);
+                        split_bf16x2(k4.z, k4.w, bh1, bl1);
+                        mma_bf16_16816(s[j], qa[i][0], qa[i][1], qa[i][2], qa[i][3], bh0, bh1);
+                        mma_bf16_16816(s[j], qb[i][0], qb[i][1], qb[i][2], qb[i][3], bh0, bh1);
+                        mma_bf16_16816(s[j], qa[i][0], qa[i][1], qa[i][2], qa[i][3], bl0, bl1);
+                    }
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const u32 c = th * 16 + j * 8 + 2 * t;
+                *(float2*)(red + (kq * 16 + g) * MLT_T + c) = make_float2(s[j][0], s[j][1]);
+                *(float2*)(red + (kq * 16 + g + 8) * MLT_T + c) = make_float2(s[j][2], s[j][3]);
+            }
+        }
+        __syncthreads();
+        {
+            float v[2];
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const u32 c = sc + e;
+                const float x = (red[sh * MLT_T + c] + red[(16 + sh) * MLT_T + c]) + (red[(32 + sh) * MLT_T + c] + red[(48 + sh) * MLT_T + c]);
+                v[e] = c < cnt ? x * scale : -WEFT_INF;
+            }
+            float mx = fmaxf(v[0], v[1]);
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) mx = fmaxf(mx, lane_xor(mx, o));
+            const float m_new = fmaxf(m_run, mx);
+            const float c = expf(m_run - m_new);
+            float p0 = expf(v[0] - m_new), p1 = expf(v[1] - m_new);
+            if (sh >= hg) p0 = p1 = 0.f;
+            float sum = p0 + p1;
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) sum += lane_xor(sum, o);
+            l_run = l_run * c + sum;
+            m_run = m_new;
+            if (sc == 0) corr[sh] = c;
+            u32 hi, lo;
+            split_bf16x2(p0, p1, hi, lo);
+            *(u32*)(phi + sh * MLT_PS + sc) = hi;
+            *(u32*)(plo + sh * MLT_PS + sc) = lo;
+        }
+        __syncthreads();
+        {
+            const float c0 = corr[g], c1 = corr[g + 8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                acc[j][0] *= c0;
+                acc[j][1] *= c0;
+                acc[j][2] *= c1;
+                acc[j][3] *= c1;
+            }
+#pragma unroll
+            for (int kk = 0; kk < MLT_T / 16; kk++) {
+                const u32 tb = kk * 16 + 2 * t;
+                const u32 ah[4] = {*(const u32*)(phi + g * MLT_PS + tb), *(const u32*)(phi + (g + 8) * MLT_PS + tb), *(const u32*)(phi + g * MLT_PS + tb + 8), *(const u32*)(phi + (g + 8) * MLT_PS + tb + 8)};
+                const u32 al[4] = {*(const u32*)(plo + g * MLT_PS + tb), *(const u32*)(plo + (g + 8) * MLT_PS + tb), *(const u32*)(plo + g * MLT_PS + tb + 8), *(const u32*)(plo + (g + 8) * MLT_PS + tb + 8)};
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const u32 d0 = 64 * warp + 8 * j;
+                    if (d0 < latent) {
+                        const float* col = kv + tb * ks + d0 + g;
+                        u32 bh0, bl0, bh1, bl1;
+                        split_bf16x2(col[0], col[ks], bh0, bl0);
+                        split_bf16x2(col[8 * ks], col[9 * ks], bh1, bl1);
+                        mma_bf16_16816(acc[j], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+                        mma_bf16_16816(acc[j], al[0], al[1], al[2], al[3], bh0, bh1);
+                        mma_bf16_16816(acc[j], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    const i64 part = ((i64)row * heads + h0) * nsplit + split;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const u32 d = 64 * warp + 8 * j + 2 * t;
+        if (64 * warp + 8 * j < latent) {
+            if (g < hg) *(float2*)(o_part + (part + (i64)g * nsplit) * latent + d) = make_float2(acc[j][0], acc[j][1]);
+            if (g + 8 < hg) *(float2*)(o_part + (part + (i64)(g + 8) * nsplit) * latent + d) = make_float2(acc[j][2], acc[j][3]);
+        }
+    }
+    if (sc == 0 && sh < hg) {
+        ml_part[(part + (i64)sh * nsplit) * 2] = m_run;
+        ml_part[(part + (i64)sh * nsplit) * 2 + 1] = l_run;
     }
 }

@@ -34,8 +34,13 @@ __device__ __forceinline__ u32 bf16x2(float lo, float hi) {
     return r;
 }
 #define WEFT_HAS_MMA 1
+#elif defined(WEFT_EMU)
+// The CPU emulator: mma.sync by the warp's lanes exchanging fragments (kernels/emu/emu.h).
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) { emu_mma_bf16_16816(d, a0, a1, a2, a3, b0, b1); }
+__device__ __forceinline__ u32 bf16x2(float lo, float hi) { return (u32)f32_to_bf16(lo) | ((u32)f32_to_bf16(hi) << 16); }
+#define WEFT_HAS_MMA 1
 #else
-// AMD (and the CPU emulator): no mma.sync. The host never selects these kernels on a HIP
+// AMD: no mma.sync. The host never selects these kernels on a HIP
 // device (the CUDA-core kernels serve every batch there); the bodies only keep the sources
 // compiling.
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], u32, u32, u32, u32, u32, u32) { __builtin_trap(); }

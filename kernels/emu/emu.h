@@ -7,8 +7,8 @@
 // at a time). Sub-group shuffles exchange through a barrier per sub-group of `emu_warp` lanes
 // (64 by default: AMD's wavefront; 32 for NVIDIA's warp), so every lane of a sub-group must
 // reach them, as `__shfl_xor_sync` with a full mask requires on the GPU. A thread that has
-// returned counts as arrived at later barriers. The kernels see WEFT_EMU: no inline PTX
-// (mma.cu's tensor-core kernels are trap stubs here, as on HIP).
+// returned counts as arrived at later barriers. The kernels see WEFT_EMU: no inline PTX; the
+// tensor cores' mma.sync is emulated (emu_mma_bf16_16816, 32-lane sub-groups only).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -24,6 +24,7 @@
 #define __global__
 #define __device__
 #define __forceinline__ inline
+#define __launch_bounds__(n)
 #define __shared__ static
 #define WEFT_DYNAMIC_SHARED(T, name) T* name = reinterpret_cast<T*>(emu_smem)
 struct emu_dim3 { unsigned x = 0, y = 0, z = 0; };
@@ -145,6 +146,8 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
 inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 struct uint4 { unsigned x, y, z, w; };
 struct float4 { float x, y, z, w; };
+struct float2 { float x, y; };
+inline float2 make_float2(float x, float y) { return {x, y}; }
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
@@ -166,6 +169,29 @@ inline float emu_shfl_xor(float v, int o) {
     slots[t] = v;
     emu_warp_barriers[t / emu_warp].wait();
     return src < blockDim.x ? slots[src] : v;
+}
+
+// mma.sync m16n8k16 (bf16 inputs, f32 accumulation) of a 32-lane warp (emu_warp must be 32):
+// every lane posts its six fragment registers, the warp meets at its barrier, and each lane
+// computes its four outputs from the posted fragments (layout as in kernels/mma.cu). Shares the
+// shuffles' alternation of slot sets.
+static unsigned emu_frag[2][1024][6];
+inline float emu_bf16(unsigned r, int half) { return __uint_as_float(half ? (r & 0xffff0000u) : (r << 16)); }
+inline void emu_mma_bf16_16816(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    if (emu_warp != 32) { std::fprintf(stderr, "emulated mma.sync needs 32-lane sub-groups\n"); std::abort(); }
+    unsigned t = threadIdx.x, base = t / 32 * 32, lane = t - base, g = lane / 4, q = lane % 4;
+    unsigned (*slots)[6] = emu_frag[emu_lane_turn[t]++ & 1];
+    const unsigned mine[6] = {a0, a1, a2, a3, b0, b1};
+    std::memcpy(slots[t], mine, sizeof mine);
+    emu_warp_barriers[t / emu_warp].wait();
+    auto A = [&](unsigned r, unsigned k) { return emu_bf16(slots[base + (r % 8) * 4 + (k % 8) / 2][(r >= 8) + 2 * (k >= 8)], k % 2); };
+    auto B = [&](unsigned k, unsigned n) { return emu_bf16(slots[base + n * 4 + (k % 8) / 2][4 + (k >= 8)], k % 2); };
+    for (unsigned i = 0; i < 4; i++) {
+        unsigned r = g + 8 * (i / 2), n = 2 * q + i % 2;
+        float acc = d[i];
+        for (unsigned k = 0; k < 16; k++) acc += A(r, k) * B(k, n);
+        d[i] = acc;
+    }
 }
 
 static void emu_fiber_main() {

@@ -1,27 +1,35 @@
-// mla_decode + mla_combine (kernels/mla.cu) on the CPU emulator against a float64 reference:
-// head counts 8 / 16 / 20 / 40 / 64 (groups of at most 16, the last smaller), one and three
-// query rows per sequence, context splits as runtime/backend-cuda/src/mla.rs chooses them (a
-// split whose only tile is partial included).
+// mla_decode and mla_decode_mma (tensor cores, mma.sync emulated; 32-lane warps only), each
+// with mla_combine (kernels/mla.cu), on the CPU emulator against a float64 reference: head
+// counts 8 / 16 / 20 / 40 / 64 (groups of at most 16, the last smaller), one and three query
+// rows per sequence, context splits as runtime/backend-cuda/src/mla.rs chooses them (a split
+// whose only tile is partial, and empty splits, included); the MLA width of DeepSeek-V3 / Kimi
+// (512 + 64, pages of 64 tokens) and a narrow one (64 + 32: a score quarter of one 16-column
+// step, idle warps in the value pass; pages of 16 tokens, so tiles span pages).
 // Exit status: the number of failing cases.
 #include "emu.h"
 #include "../weft_port.h"
 #define BLOCK 256
+#include "../weft.cu"
+#include "../gemv.cu"
+#include "../moe.cu"
+#include "../mma.cu"
 #include "../mla.cu"
 #include <random>
 
 int main() {
     std::mt19937 rng(1);
     std::uniform_real_distribution<float> U(-1, 1);
-    const unsigned latent = 512, rd = 64, w = latent + rd, page = 64, n_pages = 40, n = 2500;
+    int fails = 0;
+    struct Variant { bool mma; unsigned lanes, tile, latent, rd, page; };
+    // NVIDIA's 32-lane warps and AMD's 64-lane wavefronts (the score phase shuffles in groups
+    // of 16 lanes inside either); the tensor-core kernel is NVIDIA's only.
+    for (Variant v : {Variant{false, 32, 16, 512, 64, 64}, Variant{false, 64, 16, 512, 64, 64}, Variant{true, 32, 32, 512, 64, 64}, Variant{true, 32, 32, 64, 32, 16}}) {
+    emu_warp = v.lanes;
+    const unsigned latent = v.latent, rd = v.rd, w = latent + rd, page = v.page, n = 2500, n_pages = (n + page - 1) / page, T = v.tile;
     std::vector<float> layer(n_pages * page * w);
-    for (auto& v : layer) v = 2 * U(rng);
+    for (auto& x : layer) x = 2 * U(rng);
     std::vector<unsigned> table(n_pages);
     for (unsigned i = 0; i < n_pages; i++) table[i] = n_pages - 1 - i;  // scattered pages
-    int fails = 0;
-    // NVIDIA's 32-lane warps and AMD's 64-lane wavefronts (the score phase shuffles in groups
-    // of 16 lanes inside either).
-    for (unsigned lanes : {32u, 64u}) {
-    emu_warp = lanes;
     struct Case { unsigned heads; int rows; unsigned max_splits; };
     for (Case c : {Case{16, 1, 1000}, Case{8, 3, 24}, Case{16, 3, 24}, Case{64, 1, 12}, Case{20, 3, 24}, Case{40, 1, 12}}) {
         std::vector<unsigned> bt, off, ctx;
@@ -34,17 +42,24 @@ int main() {
         for (auto& v : ql) v = 0.5f * U(rng);
         for (auto& v : qp) v = 0.5f * U(rng);
         const float scale = 0.06f;
-        // launch shape as mla.rs: 4 waves over 132 SMs, each split at least a 16-token tile
+        // launch shape as mla.rs: 4 waves over 132 SMs, each split at least a tile
         unsigned groups = (c.heads + 15) / 16, hg = (c.heads + groups - 1) / groups;
         groups = (c.heads + hg - 1) / hg;
         unsigned max_ctx = *std::max_element(ctx.begin(), ctx.end());
         unsigned base = c.rows * groups, want = (4 * 132 + base - 1) / base;
-        unsigned nsplit = std::max(1u, std::min({want, (max_ctx + 15) / 16, c.max_splits}));
-        unsigned chunk = ((max_ctx + nsplit - 1) / nsplit + 15) / 16 * 16;
+        unsigned nsplit = std::max(1u, std::min({want, (max_ctx + T - 1) / T, c.max_splits}));
+        unsigned chunk = ((max_ctx + nsplit - 1) / nsplit + T - 1) / T * T;
         nsplit = (max_ctx + chunk - 1) / chunk;
         std::vector<float> o_part(c.rows * c.heads * nsplit * latent, NAN), ml(c.rows * c.heads * nsplit * 2, NAN), out(c.rows * c.heads * latent, NAN);
-        emu_launch(base, nsplit, 256, [&] { mla_decode(layer.data(), ql.data(), qp.data(), bt.data(), off.data(), ctx.data(), o_part.data(), ml.data(), c.heads, groups, hg, latent, rd, page, scale, chunk); });
-        emu_launch(c.rows * c.heads, 1, 256, [&] { mla_combine(o_part.data(), ml.data(), out.data(), nsplit, latent); });
+        // One more split than the context needs: an empty split must merge as nothing.
+        nsplit += v.mma && c.rows == 3;
+        o_part.assign(c.rows * c.heads * nsplit * latent, NAN);
+        ml.assign(c.rows * c.heads * nsplit * 2, NAN);
+        if (v.mma)
+            emu_launch(base, nsplit, 256, [&] { mla_decode_mma(layer.data(), ql.data(), qp.data(), bt.data(), off.data(), ctx.data(), o_part.data(), ml.data(), c.heads, groups, hg, latent, rd, page, scale, chunk); });
+        else
+            emu_launch(base, nsplit, 256, [&] { mla_decode(layer.data(), ql.data(), qp.data(), bt.data(), off.data(), ctx.data(), o_part.data(), ml.data(), c.heads, groups, hg, latent, rd, page, scale, chunk); });
+        emu_launch(c.rows * c.heads, (latent + 127) / 128, 128, [&] { mla_combine(o_part.data(), ml.data(), out.data(), nsplit, latent); });
         double worst = 0, peak = 0;
         for (int r = 0; r < c.rows; r++)
             for (unsigned h = 0; h < c.heads; h++) {
@@ -71,7 +86,7 @@ int main() {
                 }
             }
         bool ok = worst / peak < 1e-4;
-        std::printf("mla_decode %u-lane sub-groups, %u heads x %d rows, %u splits of %u: rel err %.2e %s\n", lanes, c.heads, c.rows, nsplit, chunk, worst / peak, ok ? "ok" : "FAILED");
+        std::printf("%s %u+%u, %u-lane sub-groups, %u heads x %d rows, %u splits of %u: rel err %.2e %s\n", v.mma ? "mla_decode_mma" : "mla_decode", latent, rd, v.lanes, c.heads, c.rows, nsplit, chunk, worst / peak, ok ? "ok" : "FAILED");
         fails += !ok;
     }
     }

@@ -121,18 +121,7 @@ fn main() {
     let split = std::mem::replace(&mut be.gemm_split, false);
 
     // Ceilings: copy bandwidth (read + write) and bf16 GEMM rate through `linear`.
-    let n = 1usize << 28; // 1 GiB of f32
-    let src = be.stream.alloc_zeros::<f32>(n).unwrap();
-    let mut dst = be.stream.alloc_zeros::<f32>(n).unwrap();
-    be.stream.memcpy_dtod(&src, &mut dst).unwrap();
-    be.synchronize().unwrap();
-    let t = Instant::now();
-    for _ in 0..5 {
-        be.stream.memcpy_dtod(&src, &mut dst).unwrap();
-    }
-    be.synchronize().unwrap();
-    let copy_bw = 5.0 * 2.0 * (n * 4) as f64 / t.elapsed().as_secs_f64();
-    drop((src, dst));
+    let copy_bw = be.measure_copy_bandwidth().unwrap();
     let d = 8192;
     let w = be.upload_matrix(&HostMatrix::from_f32("bench.gemm", d, d, &vec![0.01; d * d])).unwrap();
     let x = be.upload(&vec![0.5; d * d]).unwrap();

@@ -159,6 +159,7 @@ pub const KERNELS: &[&str] = &[
     "moe_down_fp8_mma",
     "moe_combine",
     "mla_decode",
+    "mla_decode_mma",
     "mla_combine",
     "dummy_bf16",
     "dummy_fp8",
@@ -233,6 +234,9 @@ pub struct CudaBackend {
     /// Tensor-core expert kernels for several tokens per expert (`WEFT_CUDA_MMA=0`: the
     /// CUDA-core ones, for comparisons).
     pub mma: bool,
+    /// MLA decode attention on tensor cores (`mla_decode_mma`) where the shape fits
+    /// (`WEFT_CUDA_MLA_MMA=0`: the CUDA-core `mla_decode`, for comparisons).
+    pub mla_mma: bool,
     /// Fewest activation rows the dense tensor-core kernels take (2; `WEFT_CUDA_MMA_MIN_M`).
     pub mma_min_m: usize,
     /// Most activation rows the dense tensor-core kernels take for bf16 / fp8 weights
@@ -401,7 +405,9 @@ impl CudaBackend {
         use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
         let num_sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(dev)? as usize;
         let smem_optin = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).map_err(dev)? as usize;
-        funcs["mla_decode"].set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_optin as i32).map_err(dev)?;
+        for k in ["mla_decode", "mla_decode_mma"] {
+            funcs[k].set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_optin as i32).map_err(dev)?;
+        }
         // A stream of the backend's own (the legacy default stream cannot be captured into a
         // graph). Every buffer of this backend lives on this one stream, so cudarc's
         // cross-stream event tracking would only add two events per launch argument.
@@ -445,6 +451,7 @@ impl CudaBackend {
             all_f32,
             slow_paths,
             mma,
+            mla_mma: mma && std::env::var("WEFT_CUDA_MLA_MMA").map_or(true, |v| v != "0"),
             mma_min_m: std::env::var("WEFT_CUDA_MMA_MIN_M").ok().and_then(|v| v.parse().ok()).unwrap_or(2),
             mma_max_m: [0, 1].map(|i| {
                 let var = ["WEFT_CUDA_MMA_MAX_M", "WEFT_CUDA_MMA_MAX_M_FP8"][i];
@@ -490,6 +497,22 @@ impl CudaBackend {
     /// Waits for everything queued on the backend's stream.
     pub fn synchronize(&self) -> Result<()> {
         self.stream.synchronize().map_err(dev)
+    }
+
+    /// The device's copy bandwidth (bytes read plus bytes written per second, a 1 GiB
+    /// device-to-device copy five times after one warm-up): the ceiling benchmarks divide by.
+    pub fn measure_copy_bandwidth(&self) -> Result<f64> {
+        let n = 1usize << 28;
+        let src = self.stream.alloc_zeros::<f32>(n).map_err(dev)?;
+        let mut dst = self.stream.alloc_zeros::<f32>(n).map_err(dev)?;
+        self.stream.memcpy_dtod(&src, &mut dst).map_err(dev)?;
+        self.synchronize()?;
+        let t = std::time::Instant::now();
+        for _ in 0..5 {
+            self.stream.memcpy_dtod(&src, &mut dst).map_err(dev)?;
+        }
+        self.synchronize()?;
+        Ok(5.0 * 2.0 * (n * 4) as f64 / t.elapsed().as_secs_f64())
     }
 
     /// Starts recording the backend's stream into a CUDA graph: ops called until

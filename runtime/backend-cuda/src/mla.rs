@@ -10,6 +10,8 @@ use weft_backend::{AttnRow, Result};
 const TILE: usize = 16;
 const HEAD_GROUP: usize = 16;
 const THREADS: u32 = 256;
+/// Latent columns (and threads) per `mla_combine` block.
+const COMBINE_COLS: usize = 128;
 
 /// Heads per block: as few groups as keep each at most `HEAD_GROUP` heads, sized evenly (the
 /// last may be smaller): 12 heads are one group of 12, 20 two of 10, 40 three of 14/14/12, 128
@@ -39,9 +41,33 @@ pub(crate) struct MlaArgs<'a> {
     pub scale: f32,
 }
 
+/// `mla_decode_mma`'s tile (`MLT_T`), threads, and the widest latent its warps cover.
+const MMA_TILE: usize = 32;
+const MMA_THREADS: u32 = 256;
+const MMA_MAX_LATENT: usize = 512;
+
+/// Floats per shared-memory row of `mla_decode_mma`'s tiles (`mlt_stride` in mla.cu).
+fn mma_stride(width: usize) -> usize {
+    width + (52 - width % 32) % 32
+}
+
 impl CudaBackend {
     fn mla_smem(&self, width: usize, hg: usize) -> usize {
         (hg * width + TILE * (width + 4) + HEAD_GROUP * TILE + 3 * HEAD_GROUP) * 4
+    }
+
+    /// `mla_decode_mma`'s shared memory: two tiles, partial scores, the weights' two parts, the
+    /// rescale factors.
+    fn mla_mma_smem(width: usize) -> usize {
+        (2 * MMA_TILE * mma_stride(width) + 4 * 16 * MMA_TILE) * 4 + 2 * 16 * (MMA_TILE + 8) * 2 + 16 * 4
+    }
+
+    /// Whether the tensor-core kernel takes this layout: whole 16-column steps, latent columns
+    /// in whole 8-column tiles within 8 warps × 64, a width of at most 4 × 9 steps.
+    fn mla_mma_fits(&self, pool: &CudaKvPool) -> bool {
+        let l = pool.layout;
+        let w = l.width();
+        self.mla_mma && w % 16 == 0 && w <= 576 && l.latent_dim % 8 == 0 && l.latent_dim <= MMA_MAX_LATENT && l.rope_dim % 4 == 0 && Self::mla_mma_smem(w) <= self.smem_optin
     }
 
     /// Whether the split kernel takes this shape (latent ≤ 2 × threads, latent and rope widths
@@ -52,24 +78,28 @@ impl CudaBackend {
     }
 
     /// `tables`: the rows' concatenated block tables, their offsets and visible lengths.
+    /// Tensor cores (`mla_decode_mma`) where the layout fits, else `mla_decode`; both write the
+    /// same partial outputs, merged by `mla_combine`.
     pub(crate) fn mla_split(&self, a: MlaArgs<'_>, tables: [&CudaView<'_, u32>; 3]) -> Result<CudaSlice<f32>> {
         let MlaArgs { pool, layer, q_lat, q_pe, heads, rows, scale } = a;
         let l = pool.layout;
+        let mma = self.mla_mma_fits(pool);
+        let tile = if mma { MMA_TILE } else { TILE };
         let (mut groups, mut hg) = head_groups(heads);
         // While a step is recorded, sized for its context bucket (the graph serves every step
         // up to it; splits past a row's context are empty).
         let max_ctx = self.split_context(rows.iter().map(|r| r.ctx_len).max().unwrap_or(1));
         // A few rows of short context leave SMs idle even at one tile per split: halve the head
         // groups (down to `mla_min_group` heads) so that more, shorter blocks share the work.
-        let tiles = max_ctx.div_ceil(TILE);
+        let tiles = max_ctx.div_ceil(tile);
         while rows.len() * groups * tiles < self.num_sms && hg / 2 >= self.mla_min_group {
             (groups, hg) = head_groups_of(heads, hg / 2);
         }
         // Enough blocks for a few waves over every SM; each split at least one tile.
         let base = rows.len() * groups;
         let want = (self.mla_waves * self.num_sms).div_ceil(base.max(1));
-        let mut nsplit = want.clamp(1, max_ctx.div_ceil(TILE));
-        let chunk = (max_ctx.div_ceil(nsplit).div_ceil(TILE) * TILE).max(self.mla_split_tiles * TILE);
+        let mut nsplit = want.clamp(1, tiles);
+        let chunk = (max_ctx.div_ceil(nsplit).div_ceil(tile) * tile).max(self.mla_split_tiles * tile);
         nsplit = max_ctx.div_ceil(chunk);
         let parts = rows.len() * heads * nsplit;
         let mut o_part = self.out(parts * l.latent_dim)?;
@@ -77,17 +107,19 @@ impl CudaBackend {
         let stride = l.num_pages * l.page_size * l.width();
         let view = pool.data.slice(layer * stride..(layer + 1) * stride);
         let (h32, g32, gs, lat, rd, ps, ch) = (heads as u32, groups as u32, hg as u32, l.latent_dim as u32, l.rope_dim as u32, l.page_size as u32, chunk as u32);
-        let smem = self.mla_smem(l.width(), hg) as u32;
-        let mut b = self.stream.launch_builder(self.func("mla_decode"));
+        let (kernel, threads, smem) = if mma { ("mla_decode_mma", MMA_THREADS, Self::mla_mma_smem(l.width())) } else { ("mla_decode", THREADS, self.mla_smem(l.width(), hg)) };
+        let mut b = self.stream.launch_builder(self.func(kernel));
         b.arg(&view).arg(q_lat).arg(q_pe).arg(tables[0]).arg(tables[1]).arg(tables[2]).arg(&mut o_part).arg(&mut ml_part).arg(&h32).arg(&g32).arg(&gs).arg(&lat).arg(&rd).arg(&ps).arg(&scale).arg(&ch);
-        unsafe { b.launch(LaunchConfig { grid_dim: (base as u32, nsplit as u32, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: smem }) }.map_err(dev)?;
+        unsafe { b.launch(LaunchConfig { grid_dim: (base as u32, nsplit as u32, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem as u32 }) }.map_err(dev)?;
         let mut out = self.out(rows.len() * heads * l.latent_dim)?;
         let ns = nsplit as u32;
         let mut b = self.stream.launch_builder(self.func("mla_combine"));
         b.arg(&o_part).arg(&ml_part).arg(&mut out).arg(&ns).arg(&lat);
-        // Shared memory: the block's reduction scratch, then one weight per split.
-        let smem = ((THREADS as usize + nsplit) * 4) as u32;
-        unsafe { b.launch(LaunchConfig { grid_dim: ((rows.len() * heads) as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: smem }) }.map_err(dev)?;
+        // Blocks of COMBINE_COLS latent columns of one row and head; shared memory: the
+        // block's reduction scratch, then one weight per split.
+        let smem = ((COMBINE_COLS + nsplit) * 4) as u32;
+        let grid = ((rows.len() * heads) as u32, l.latent_dim.div_ceil(COMBINE_COLS) as u32, 1);
+        unsafe { b.launch(LaunchConfig { grid_dim: grid, block_dim: (COMBINE_COLS as u32, 1, 1), shared_mem_bytes: smem }) }.map_err(dev)?;
         Ok(out)
     }
 }

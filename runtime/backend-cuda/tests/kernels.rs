@@ -405,7 +405,7 @@ fn store_latents(g: &CudaBackend, c: &CpuBackend, pools: (&mut <CudaBackend as B
 
 #[test]
 fn mla_attention_head_counts_and_single_rows() {
-    let Some(g) = gpu() else { return };
+    let Some(mut g) = gpu() else { return };
     let c = CpuBackend::new();
     let mut r = Rng(6);
     let (rd, latent) = (64, 512);
@@ -416,14 +416,19 @@ fn mla_attention_head_counts_and_single_rows() {
     store_latents(&g, &c, (&mut pg, &mut pc), 0, &table, n, &mut r);
     // the head counts tensor parallelism leaves per GPU (and 20, 40: uneven groups); one decode row, and 3 query rows of one
     // sequence (speculative verification)
-    for heads in [8usize, 12, 16, 20, 40, 64, 128] {
-        for ctxs in [vec![n], vec![n - 2, n - 1, n]] {
-            let rows: Vec<AttnRow<'_>> = ctxs.iter().map(|&c| AttnRow { block_table: &table, ctx_len: c }).collect();
-            let q_lat = r.vec(rows.len() * heads * latent, 0.5);
-            let q_pe = r.vec(rows.len() * heads * rd, 0.5);
-            let got = g.download(&g.mla_attention(&pg, 0, &g.upload(&q_lat).unwrap(), &g.upload(&q_pe).unwrap(), heads, &rows, 0.06).unwrap()).unwrap();
-            let want = c.mla_attention(&pc, 0, &q_lat, &q_pe, heads, &rows, 0.06).unwrap();
-            check(&format!("mla {heads} heads x {} rows", rows.len()), &got, &want, 1e-4);
+    // both kernels: tensor cores (the default where there are any) and CUDA cores
+    let kernels = if g.mla_mma { vec![true, false] } else { vec![false] };
+    for mma in kernels {
+        g.mla_mma = mma;
+        for heads in [8usize, 12, 16, 20, 40, 64, 128] {
+            for ctxs in [vec![n], vec![n - 2, n - 1, n], vec![1, 17, 40, 65]] {
+                let rows: Vec<AttnRow<'_>> = ctxs.iter().map(|&c| AttnRow { block_table: &table, ctx_len: c }).collect();
+                let q_lat = r.vec(rows.len() * heads * latent, 0.5);
+                let q_pe = r.vec(rows.len() * heads * rd, 0.5);
+                let got = g.download(&g.mla_attention(&pg, 0, &g.upload(&q_lat).unwrap(), &g.upload(&q_pe).unwrap(), heads, &rows, 0.06).unwrap()).unwrap();
+                let want = c.mla_attention(&pc, 0, &q_lat, &q_pe, heads, &rows, 0.06).unwrap();
+                check(&format!("mla (tensor cores: {mma}) {heads} heads x {} rows of contexts {:?}", rows.len(), &ctxs[..ctxs.len().min(2)]), &got, &want, 1e-4);
+            }
         }
     }
 }
