@@ -12,7 +12,18 @@
 // Rows are read as float4 (latent and rope widths are multiples of 4, checked by the host); the
 // kv row stride w + 4 puts consecutive tokens 4 banks apart, so the 8 lanes of a quarter-warp
 // that read 8 tokens' float4s at one column touch 32 distinct banks.
-extern "C" __global__ void mla_decode(const float* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) { WEFT_PDL_ENTRY();
+// The context range of split `split` of `nsplit` for a row of n visible tokens: the row's own
+// context cut evenly into whole tiles of `tile` tokens, each split at least `min_chunk` tokens
+// (so a step recorded for a context bucket still spreads each row's real context over all its
+// splits; splits past the end are empty).
+__device__ __forceinline__ void split_range(u32 n, u32 split, u32 nsplit, u32 tile, u32 min_chunk, u32& t_begin, u32& t_end) {
+    const u32 even = ((n + nsplit - 1) / nsplit + tile - 1) / tile * tile;
+    const u32 chunk = max(min_chunk, even);
+    t_begin = min(n, split * chunk);
+    t_end = min(n, t_begin + chunk);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2) mla_decode(const float* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) { WEFT_PDL_ENTRY();
     WEFT_DYNAMIC_SHARED(float, smem);
     u32 w = latent + rd, wp = w + 4, w4 = w / 4, l4 = latent / 4;
     u32 row = blockIdx.x / groups, grp = blockIdx.x % groups;
@@ -28,7 +39,8 @@ extern "C" __global__ void mla_decode(const float* layer, const float* q_lat, co
     float* lrun = mrun + MLA_HG;
     u32 nsplit = gridDim.y, split = blockIdx.y;
     u32 n = ctx[row];
-    u32 t_begin = split * chunk, t_end = min(n, t_begin + chunk);
+    u32 t_begin, t_end;
+    split_range(n, split, nsplit, MLA_T, chunk, t_begin, t_end);
     const u32* table = bt + bt_off[row];
     for (u32 i = threadIdx.x; i < hg * w4; i += blockDim.x) {
         u32 h = i / w4, j = i % w4;
@@ -244,22 +256,21 @@ extern "C" __global__ void mla_softmax_split(const float* __restrict__ s, u16* p
 // block (one m16 tile; fewer heads leave rows of it zero) and latent widths up to 512. The f32
 // cache and queries go in as two bf16 parts each (rounding + the rounding's error), every
 // product as three (hi·hi + lo·hi + hi·lo, f32 accumulation), so the result tracks the CUDA-core
-// kernel to ~1e-6 while the CUDA cores only split and the tensor cores do the arithmetic —
+// kernel to ~4e-6 while the CUDA cores only split and the tensor cores do the arithmetic —
 // which bound mla_decode (~15 % of copy bandwidth at 64 × 4096).
 //
-// 8 warps. A tile of MLT_T tokens (f32, all `latent + rope` columns) is copied into shared
-// memory with cp.async while the previous tile is used (two buffers). Scores: warp (kq, th)
-// multiplies the block's queries (held in registers as A fragments, its quarter kq of the
-// width) by tokens 16·th..16·th+15 of the tile; the four quarters' partial scores meet in
-// shared memory. Softmax: 16 threads per head, running max and sum in their registers; the
-// weights go out as bf16 parts. Values: warp w owns latent columns 64w..64w+63 for every head.
+// W warps (8 or 16). A tile of T tokens (f32, all `latent + rope` columns) is copied into
+// shared memory with cp.async while the previous tile is used (two buffers). Scores: warp
+// (kq, th) multiplies the block's queries (held in registers as A fragments, its part kq of
+// W/2 parts of the width) by the tile's half th; the parts' partial scores meet in shared
+// memory. Softmax: 2W threads per head, running max and sum in their registers; the weights go
+// out as bf16 parts. Values: each warp owns 512/W latent columns for every head. More warps
+// hold fewer query fragments and accumulators each (registers allow 512 threads), so twice as
+// many warps hide each other's latencies — the kernel is bound by issue, not by memory.
 // The k order inside each 16-column step of the score product is ours (A and B agree): lane t
 // holds columns 4t..4t+3, one float4 from each. Shared-memory rows are w + pad floats with the
 // stride ≡ 20 (mod 32) words for w ≡ 0 (mod 32): the value pass's column reads (8 columns ×
 // tokens 2t, 2t+1, 2t+8, 2t+9) hit 32 distinct banks.
-#define MLT_T 32
-#define MLT_KS 9 /* k16 steps of the score product per warp: width <= 4 * 9 * 16 = 576 */
-#define MLT_PS (MLT_T + 8) /* u16 stride of the weights' rows */
 
 #if !defined(WEFT_NO_PTX)
 __device__ __forceinline__ void cp_async16(float* dst, const float* src, u32 bytes) {
@@ -281,10 +292,12 @@ __device__ __forceinline__ void cp_async_wait() {}
 // Floats per shared-memory row of the tile (see above).
 __device__ __forceinline__ u32 mlt_stride(u32 w) { return w + (52u - w % 32u) % 32u; }
 
-// Tokens base..base+MLT_T-1 of the row's context into buf (rows past `end` zero-filled). A tile
-// starts at a multiple of MLT_T, so with pages of a multiple of MLT_T tokens (64 in practice)
+// Tokens base..base+MLT_T-1 (MLT_T: the tile size) of the row's context into buf (rows past
+// `end` zero-filled). A tile starts at a multiple of MLT_T, so with pages of a multiple of MLT_T
+// tokens (64 in practice)
 // it lies in one page: one block-table lookup per tile, not a dependent global load before
 // every copy (the copies' asm orders them). Other page sizes look up every row.
+template <int MLT_T>
 __device__ __forceinline__ void mlt_load(float* buf, const float* layer, const u32* table, u32 base, u32 end, u32 page, u32 w, u32 ks) {
     const u32 w4 = w / 4, chunks = MLT_T * w4;
     const bool one_page = page % MLT_T == 0;
@@ -311,32 +324,44 @@ __device__ __forceinline__ void mlt_load(float* buf, const float* layer, const u
     cp_async_commit();
 }
 
-// Dynamic shared memory: tiles [2][MLT_T][ks] f32, partial scores [4][16][MLT_T] f32, weights
-// hi/lo [16][MLT_PS] u16 each, per-head rescale [16] f32 (mla.rs: mla_mma_smem).
-extern "C" __global__ void __launch_bounds__(256) mla_decode_mma(const float* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) { WEFT_PDL_ENTRY();
+// Dynamic shared memory: tiles [2][T][ks] f32, partial scores [4][16][T] f32, weights hi/lo
+// [16][T + 8] u16 each, per-head rescale [16] f32 (mla.rs: mla_mma_smem). T = 32 or 16 tokens
+// per tile (16: half the shared memory, two blocks per SM).
+template <int T, int W>
+__device__ __forceinline__ void mla_mma_body(const float* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) {
+    constexpr int PS = T + 8;          // u16 stride of the weights' rows
+    constexpr int KQ = W / 2;          // parts of the width in the score product
+    constexpr int KS = (36 + KQ - 1) / KQ; // its k16 steps per warp (width <= 576)
+    constexpr int NJ = T / 16;         // n-tiles of 8 tokens per score warp (tokens 8·NJ·th..)
+    constexpr int HT = 2 * W;          // softmax threads per head
+    constexpr int E = T / HT;          // tokens per softmax thread
+    constexpr int NT = 64 / W;         // n-tiles of 8 latent columns per value warp
+    constexpr int CW = 8 * NT;         // latent columns per value warp
+    static_assert(E >= 1 && NJ >= 1 && NT >= 1, "tile and warp counts");
     WEFT_DYNAMIC_SHARED(float, smem);
     const u32 w = latent + rd, ks = mlt_stride(w);
     const u32 row = blockIdx.x / groups, h0 = blockIdx.x % groups * gsize;
     const u32 hg = min(gsize, heads - h0);
     const u32 nsplit = gridDim.y, split = blockIdx.y;
     const u32 n = ctx[row];
-    const u32 t_begin = min(n, split * chunk), t_end = min(n, t_begin + chunk);
+    u32 t_begin, t_end;
+    split_range(n, split, nsplit, T, chunk, t_begin, t_end);
     const u32* table = bt + bt_off[row];
     float* tiles = smem;
-    float* red = tiles + 2 * MLT_T * ks;
-    u16* phi = (u16*)(red + 4 * 16 * MLT_T);
-    u16* plo = phi + 16 * MLT_PS;
-    float* corr = (float*)(plo + 16 * MLT_PS);
+    float* red = tiles + 2 * T * ks;
+    u16* phi = (u16*)(red + KQ * 16 * T);
+    u16* plo = phi + 16 * PS;
+    float* corr = (float*)(plo + 16 * PS);
     const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const u32 kq = warp % 4, th = warp / 4;
-    const u32 nks = w / 16, ks0 = kq * nks / 4, ks1 = (kq + 1) * nks / 4;
-    const u32 ntiles = (t_end - t_begin + MLT_T - 1) / MLT_T;
-    if (ntiles) mlt_load(tiles, layer, table, t_begin, t_end, page, w, ks);
+    const u32 kq = warp % KQ, th = warp / KQ;
+    const u32 nks = w / 16, ks0 = kq * nks / KQ, ks1 = (kq + 1) * nks / KQ;
+    const u32 ntiles = (t_end - t_begin + T - 1) / T;
+    if (ntiles) mlt_load<T>(tiles, layer, table, t_begin, t_end, page, w, ks);
 
-    // This warp's quarter of the queries as A fragments (rows: heads g, g + 8 of the block).
-    u32 qa[MLT_KS][4], qb[MLT_KS][4];
+    // This warp's part of the queries as A fragments (rows: heads g, g + 8 of the block).
+    u32 qa[KS][4], qb[KS][4];
 #pragma unroll
-    for (int i = 0; i < MLT_KS; i++) {
+    for (int i = 0; i < KS; i++) {
         float4 x[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -352,99 +377,111 @@ extern "C" __global__ void __launch_bounds__(256) mla_decode_mma(const float* la
         split_bf16x2(x[0].z, x[0].w, qa[i][2], qb[i][2]);
         split_bf16x2(x[1].z, x[1].w, qa[i][3], qb[i][3]);
     }
-    // Softmax state of head sh (threads 16·sh..16·sh+15 hold identical copies).
-    const u32 sh = threadIdx.x / 16, sc = 2 * (threadIdx.x % 16);
+    // Softmax state of head sh (its HT threads hold identical copies).
+    const u32 sh = threadIdx.x / HT, sc = E * (threadIdx.x % HT);
     float m_run = -WEFT_INF, l_run = 0.f;
-    float acc[8][4];
+    float acc[NT][4];
 #pragma unroll
-    for (int j = 0; j < 8; j++)
+    for (int j = 0; j < NT; j++)
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[j][i] = 0.f;
 
     for (u32 it = 0; it < ntiles; it++) {
-        const float* kv = tiles + (it & 1) * MLT_T * ks;
-        const u32 base = t_begin + it * MLT_T, cnt = min((u32)MLT_T, t_end - base);
+        const float* kv = tiles + (it & 1) * T * ks;
+        const u32 base = t_begin + it * T, cnt = min((u32)T, t_end - base);
         if (it + 1 < ntiles) {
-            mlt_load(tiles + ((it + 1) & 1) * MLT_T * ks, layer, table, base + MLT_T, t_end, page, w, ks);
+            mlt_load<T>(tiles + ((it + 1) & 1) * T * ks, layer, table, base + T, t_end, page, w, ks);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
         }
         __syncthreads();
         {
-            float s[2][4];
+            // Even and odd k steps accumulate apart (two independent mma chains per n-tile).
+            float s[2][NJ][4];
 #pragma unroll
-            for (int j = 0; j < 2; j++)
+            for (int c = 0; c < 2; c++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) s[j][i] = 0.f;
+                for (int j = 0; j < NJ; j++)
 #pragma unroll
-            for (int i = 0; i < MLT_KS; i++) {
+                    for (int i = 0; i < 4; i++) s[c][j][i] = 0.f;
+#pragma unroll
+            for (int i = 0; i < KS; i++) {
                 if (ks0 + i < ks1) {
                     const u32 d = (ks0 + i) * 16 + 4 * t;
 #pragma unroll
-                    for (int j = 0; j < 2; j++) {
-                        const float4 k4 = *(const float4*)(kv + (th * 16 + j * 8 + g) * ks + d);
+                    for (int j = 0; j < NJ; j++) {
+                        const float4 k4 = *(const float4*)(kv + (th * 8 * NJ + j * 8 + g) * ks + d);
                         u32 bh0, bl0, bh1, bl1;
                         split_bf16x2(k4.x, k4.y, bh0, bl0);
                         split_bf16x2(k4.z, k4.w, bh1, bl1);
-                        mma_bf16_16816(s[j], qa[i][0], qa[i][1], qa[i][2], qa[i][3], bh0, bh1);
-                        mma_bf16_16816(s[j], qb[i][0], qb[i][1], qb[i][2], qb[i][3], bh0, bh1);
-                        mma_bf16_16816(s[j], qa[i][0], qa[i][1], qa[i][2], qa[i][3], bl0, bl1);
+                        float(&sc4)[4] = s[i & 1][j];
+                        mma_bf16_16816(sc4, qa[i][0], qa[i][1], qa[i][2], qa[i][3], bh0, bh1);
+                        mma_bf16_16816(sc4, qb[i][0], qb[i][1], qb[i][2], qb[i][3], bh0, bh1);
+                        mma_bf16_16816(sc4, qa[i][0], qa[i][1], qa[i][2], qa[i][3], bl0, bl1);
                     }
                 }
             }
 #pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const u32 c = th * 16 + j * 8 + 2 * t;
-                *(float2*)(red + (kq * 16 + g) * MLT_T + c) = make_float2(s[j][0], s[j][1]);
-                *(float2*)(red + (kq * 16 + g + 8) * MLT_T + c) = make_float2(s[j][2], s[j][3]);
+            for (int j = 0; j < NJ; j++) {
+                const u32 c = th * 8 * NJ + j * 8 + 2 * t;
+                *(float2*)(red + (kq * 16 + g) * T + c) = make_float2(s[0][j][0] + s[1][j][0], s[0][j][1] + s[1][j][1]);
+                *(float2*)(red + (kq * 16 + g + 8) * T + c) = make_float2(s[0][j][2] + s[1][j][2], s[0][j][3] + s[1][j][3]);
             }
         }
         __syncthreads();
         {
-            float v[2];
+            float v[E];
+            float mx = -WEFT_INF;
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
+            for (int e = 0; e < E; e++) {
                 const u32 c = sc + e;
-                const float x = (red[sh * MLT_T + c] + red[(16 + sh) * MLT_T + c]) + (red[(32 + sh) * MLT_T + c] + red[(48 + sh) * MLT_T + c]);
-                v[e] = c < cnt ? x * scale : -WEFT_INF;
-            }
-            float mx = fmaxf(v[0], v[1]);
+                float x = 0.f;
 #pragma unroll
-            for (int o = 8; o > 0; o >>= 1) mx = fmaxf(mx, lane_xor(mx, o));
+                for (int q = 0; q < KQ; q++) x += red[(q * 16 + sh) * T + c];
+                v[e] = c < cnt ? x * scale : -WEFT_INF;
+                mx = fmaxf(mx, v[e]);
+            }
+#pragma unroll
+            for (int o = HT / 2; o > 0; o >>= 1) mx = fmaxf(mx, lane_xor(mx, o));
             const float m_new = fmaxf(m_run, mx);
             const float c = expf(m_run - m_new);
-            float p0 = expf(v[0] - m_new), p1 = expf(v[1] - m_new);
-            if (sh >= hg) p0 = p1 = 0.f;
-            float sum = p0 + p1;
+            float p[E], sum = 0.f;
 #pragma unroll
-            for (int o = 8; o > 0; o >>= 1) sum += lane_xor(sum, o);
+            for (int e = 0; e < E; e++) {
+                p[e] = sh < hg ? expf(v[e] - m_new) : 0.f;
+                sum += p[e];
+            }
+#pragma unroll
+            for (int o = HT / 2; o > 0; o >>= 1) sum += lane_xor(sum, o);
             l_run = l_run * c + sum;
             m_run = m_new;
             if (sc == 0) corr[sh] = c;
-            u32 hi, lo;
-            split_bf16x2(p0, p1, hi, lo);
-            *(u32*)(phi + sh * MLT_PS + sc) = hi;
-            *(u32*)(plo + sh * MLT_PS + sc) = lo;
+#pragma unroll
+            for (int e = 0; e < E; e++) {
+                const u16 h = f32_to_bf16(p[e]);
+                phi[sh * PS + sc + e] = h;
+                plo[sh * PS + sc + e] = f32_to_bf16(p[e] - bf16_to_f32(h));
+            }
         }
         __syncthreads();
         {
             const float c0 = corr[g], c1 = corr[g + 8];
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
+            for (int j = 0; j < NT; j++) {
                 acc[j][0] *= c0;
                 acc[j][1] *= c0;
                 acc[j][2] *= c1;
                 acc[j][3] *= c1;
             }
 #pragma unroll
-            for (int kk = 0; kk < MLT_T / 16; kk++) {
+            for (int kk = 0; kk < T / 16; kk++) {
                 const u32 tb = kk * 16 + 2 * t;
-                const u32 ah[4] = {*(const u32*)(phi + g * MLT_PS + tb), *(const u32*)(phi + (g + 8) * MLT_PS + tb), *(const u32*)(phi + g * MLT_PS + tb + 8), *(const u32*)(phi + (g + 8) * MLT_PS + tb + 8)};
-                const u32 al[4] = {*(const u32*)(plo + g * MLT_PS + tb), *(const u32*)(plo + (g + 8) * MLT_PS + tb), *(const u32*)(plo + g * MLT_PS + tb + 8), *(const u32*)(plo + (g + 8) * MLT_PS + tb + 8)};
+                const u32 ah[4] = {*(const u32*)(phi + g * PS + tb), *(const u32*)(phi + (g + 8) * PS + tb), *(const u32*)(phi + g * PS + tb + 8), *(const u32*)(phi + (g + 8) * PS + tb + 8)};
+                const u32 al[4] = {*(const u32*)(plo + g * PS + tb), *(const u32*)(plo + (g + 8) * PS + tb), *(const u32*)(plo + g * PS + tb + 8), *(const u32*)(plo + (g + 8) * PS + tb + 8)};
 #pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    const u32 d0 = 64 * warp + 8 * j;
+                for (int j = 0; j < NT; j++) {
+                    const u32 d0 = CW * warp + 8 * j;
                     if (d0 < latent) {
                         const float* col = kv + tb * ks + d0 + g;
                         u32 bh0, bl0, bh1, bl1;
@@ -461,9 +498,9 @@ extern "C" __global__ void __launch_bounds__(256) mla_decode_mma(const float* la
     }
     const i64 part = ((i64)row * heads + h0) * nsplit + split;
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
-        const u32 d = 64 * warp + 8 * j + 2 * t;
-        if (64 * warp + 8 * j < latent) {
+    for (int j = 0; j < NT; j++) {
+        const u32 d = CW * warp + 8 * j + 2 * t;
+        if (CW * warp + 8 * j < latent) {
             if (g < hg) *(float2*)(o_part + (part + (i64)g * nsplit) * latent + d) = make_float2(acc[j][0], acc[j][1]);
             if (g + 8 < hg) *(float2*)(o_part + (part + (i64)(g + 8) * nsplit) * latent + d) = make_float2(acc[j][2], acc[j][3]);
         }
@@ -473,3 +510,12 @@ extern "C" __global__ void __launch_bounds__(256) mla_decode_mma(const float* la
         ml_part[(part + (i64)sh * nsplit) * 2 + 1] = l_run;
     }
 }
+
+#define WEFT_MLA_MMA(name, T, W) \
+    extern "C" __global__ void __launch_bounds__(32 * W, 1) name(const float* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) { \
+        WEFT_PDL_ENTRY(); \
+        mla_mma_body<T, W>(layer, q_lat, q_pe, bt, bt_off, ctx, o_part, ml_part, heads, groups, gsize, latent, rd, page, scale, chunk); \
+    }
+WEFT_MLA_MMA(mla_decode_mma, 32, 8)
+WEFT_MLA_MMA(mla_decode_mma_w16, 32, 16)
+WEFT_MLA_MMA(mla_decode_mma16, 16, 8)

@@ -24,7 +24,7 @@
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
 #define __shared__ static
 #define WEFT_DYNAMIC_SHARED(T, name) T* name = reinterpret_cast<T*>(emu_smem)
 struct emu_dim3 { unsigned x = 0, y = 0, z = 0; };

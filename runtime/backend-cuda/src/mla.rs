@@ -41,9 +41,7 @@ pub(crate) struct MlaArgs<'a> {
     pub scale: f32,
 }
 
-/// `mla_decode_mma`'s tile (`MLT_T`), threads, and the widest latent its warps cover.
-const MMA_TILE: usize = 32;
-const MMA_THREADS: u32 = 256;
+/// The widest latent `mla_decode_mma`'s warps cover.
 const MMA_MAX_LATENT: usize = 512;
 
 /// Floats per shared-memory row of `mla_decode_mma`'s tiles (`mlt_stride` in mla.cu).
@@ -51,15 +49,32 @@ fn mma_stride(width: usize) -> usize {
     width + (52 - width % 32) % 32
 }
 
+/// Context splits for the tensor-core kernel, which runs one block per SM: the count whose
+/// waves of blocks times tiles per block (plus about one tile of fixed cost per block: queries,
+/// partial outputs) is least, the fewest splits among equals. 64 rows × 129 tiles on 132 SMs:
+/// 2 splits (one wave of 128 blocks), not the 9 of four waves, whose fifth wave was a third full.
+fn mma_splits(base: usize, tiles: usize, sms: usize) -> usize {
+    (1..=tiles.max(1)).min_by_key(|&n| (base.max(1) * n).div_ceil(sms.max(1)) * (tiles.div_ceil(n) + 1)).unwrap_or(1)
+}
+
 impl CudaBackend {
     fn mla_smem(&self, width: usize, hg: usize) -> usize {
         (hg * width + TILE * (width + 4) + HEAD_GROUP * TILE + 3 * HEAD_GROUP) * 4
     }
 
-    /// `mla_decode_mma`'s shared memory: two tiles, partial scores, the weights' two parts, the
-    /// rescale factors.
-    fn mla_mma_smem(width: usize) -> usize {
-        (2 * MMA_TILE * mma_stride(width) + 4 * 16 * MMA_TILE) * 4 + 2 * 16 * (MMA_TILE + 8) * 2 + 16 * 4
+    /// `mla_decode_mma`'s shared memory for tiles of `tile` tokens: two tiles, partial scores,
+    /// the weights' two parts, the rescale factors.
+    fn mla_mma_smem(width: usize, tile: usize, warps: usize) -> usize {
+        (2 * tile * mma_stride(width) + warps / 2 * 16 * tile) * 4 + 2 * 16 * (tile + 8) * 2 + 16 * 4
+    }
+
+    /// The tensor-core kernel's variant: (name, tile, warps). 16-token tiles take 8 warps.
+    fn mla_mma_kernel(&self) -> (&'static str, usize, usize) {
+        match (self.mla_mma_tile, self.mla_mma_warps) {
+            (16, _) => ("mla_decode_mma16", 16, 8),
+            (_, 8) => ("mla_decode_mma", 32, 8),
+            _ => ("mla_decode_mma_w16", 32, 16),
+        }
     }
 
     /// Whether the tensor-core kernel takes this layout: whole 16-column steps, latent columns
@@ -67,7 +82,10 @@ impl CudaBackend {
     fn mla_mma_fits(&self, pool: &CudaKvPool) -> bool {
         let l = pool.layout;
         let w = l.width();
-        self.mla_mma && w % 16 == 0 && w <= 576 && l.latent_dim % 8 == 0 && l.latent_dim <= MMA_MAX_LATENT && l.rope_dim % 4 == 0 && Self::mla_mma_smem(w) <= self.smem_optin
+        self.mla_mma && w % 16 == 0 && w <= 576 && l.latent_dim % 8 == 0 && l.latent_dim <= MMA_MAX_LATENT && l.rope_dim % 4 == 0 && {
+            let (_, tile, warps) = self.mla_mma_kernel();
+            Self::mla_mma_smem(w, tile, warps) <= self.smem_optin
+        }
     }
 
     /// Whether the split kernel takes this shape (latent ≤ 2 × threads, latent and rope widths
@@ -84,30 +102,38 @@ impl CudaBackend {
         let MlaArgs { pool, layer, q_lat, q_pe, heads, rows, scale } = a;
         let l = pool.layout;
         let mma = self.mla_mma_fits(pool);
-        let tile = if mma { MMA_TILE } else { TILE };
+        let (mma_name, mma_tile, mma_warps) = self.mla_mma_kernel();
+        let tile = if mma { mma_tile } else { TILE };
         let (mut groups, mut hg) = head_groups(heads);
         // While a step is recorded, sized for its context bucket (the graph serves every step
         // up to it; splits past a row's context are empty).
         let max_ctx = self.split_context(rows.iter().map(|r| r.ctx_len).max().unwrap_or(1));
         // A few rows of short context leave SMs idle even at one tile per split: halve the head
         // groups (down to `mla_min_group` heads) so that more, shorter blocks share the work.
+        // (Not on tensor cores: a block's work there is one 16-row tile whatever its heads.)
         let tiles = max_ctx.div_ceil(tile);
-        while rows.len() * groups * tiles < self.num_sms && hg / 2 >= self.mla_min_group {
+        while !mma && rows.len() * groups * tiles < self.num_sms && hg / 2 >= self.mla_min_group {
             (groups, hg) = head_groups_of(heads, hg / 2);
         }
-        // Enough blocks for a few waves over every SM; each split at least one tile.
         let base = rows.len() * groups;
-        let want = (self.mla_waves * self.num_sms).div_ceil(base.max(1));
-        let mut nsplit = want.clamp(1, tiles);
-        let chunk = (max_ctx.div_ceil(nsplit).div_ceil(tile) * tile).max(self.mla_split_tiles * tile);
+        let mut nsplit = if mma {
+            mma_splits(base, tiles, self.num_sms)
+        } else {
+            // Enough blocks for a few waves over every SM; each split at least one tile.
+            (self.mla_waves * self.num_sms).div_ceil(base.max(1)).clamp(1, tiles)
+        };
+        // Each row's own context is cut evenly over the splits in the kernel (`split_range`),
+        // each split at least `min_chunk` tokens.
+        let min_chunk = self.mla_split_tiles * tile;
+        let chunk = (max_ctx.div_ceil(nsplit).div_ceil(tile) * tile).max(min_chunk);
         nsplit = max_ctx.div_ceil(chunk);
         let parts = rows.len() * heads * nsplit;
         let mut o_part = self.out(parts * l.latent_dim)?;
         let mut ml_part = self.out(parts * 2)?;
         let stride = l.num_pages * l.page_size * l.width();
         let view = pool.data.slice(layer * stride..(layer + 1) * stride);
-        let (h32, g32, gs, lat, rd, ps, ch) = (heads as u32, groups as u32, hg as u32, l.latent_dim as u32, l.rope_dim as u32, l.page_size as u32, chunk as u32);
-        let (kernel, threads, smem) = if mma { ("mla_decode_mma", MMA_THREADS, Self::mla_mma_smem(l.width())) } else { ("mla_decode", THREADS, self.mla_smem(l.width(), hg)) };
+        let (h32, g32, gs, lat, rd, ps, ch) = (heads as u32, groups as u32, hg as u32, l.latent_dim as u32, l.rope_dim as u32, l.page_size as u32, min_chunk as u32);
+        let (kernel, threads, smem) = if mma { (mma_name, 32 * mma_warps as u32, Self::mla_mma_smem(l.width(), tile, mma_warps)) } else { ("mla_decode", THREADS, self.mla_smem(l.width(), hg)) };
         let mut b = self.stream.launch_builder(self.func(kernel));
         b.arg(&view).arg(q_lat).arg(q_pe).arg(tables[0]).arg(tables[1]).arg(tables[2]).arg(&mut o_part).arg(&mut ml_part).arg(&h32).arg(&g32).arg(&gs).arg(&lat).arg(&rd).arg(&ps).arg(&scale).arg(&ch);
         unsafe { b.launch(LaunchConfig { grid_dim: (base as u32, nsplit as u32, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem as u32 }) }.map_err(dev)?;
@@ -136,5 +162,17 @@ mod tests {
         assert_eq!(super::head_groups(12), (1, 12));
         assert_eq!(super::head_groups(20), (2, 10));
         assert_eq!(super::head_groups(128), (8, 16));
+    }
+
+    #[test]
+    fn tensor_core_splits_fill_whole_waves() {
+        assert_eq!(super::mma_splits(64, 129, 132), 2);
+        assert_eq!(super::mma_splits(1, 33, 132), 33);
+        assert_eq!(super::mma_splits(8, 33, 132), 11);
+        assert_eq!(super::mma_splits(500, 4, 132), 1);
+        for (base, tiles) in [(1, 1), (3, 1000), (128, 7), (64, 33)] {
+            let n = super::mma_splits(base, tiles, 132);
+            assert!((1..=tiles).contains(&n), "{base} x {tiles}: {n}");
+        }
     }
 }
