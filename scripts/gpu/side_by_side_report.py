@@ -12,7 +12,7 @@ front of a cuBLAS GEMM) and averaged over the MoE layers.
 import collections, csv, io, json, os, re, sys, tarfile
 
 # Kernels that continue the op in front of them (cuBLAS passes and reductions, epilogues).
-CONTINUE = re.compile(r"^(nvjet|void cublasLt::splitKreduce|silu_mul|mla_combine|moe_gate_up|moe_down|moe_combine|front_edits)")
+CONTINUE = re.compile(r"^(nvjet|void cublasLt::splitKreduce|add_halves|silu_mul|mla_combine|moe_gate_up|moe_down|moe_combine|front_edits)")
 # Backend ops of a MoE layer, in call order (runtime/model/src/graph.rs), without and with q LoRA.
 MOE_OPS = ["add_rms_norm", "linear q_proj", "split_rope_q", "head_linear w_uk", "linear kv_a", "store_kv", "mla decode",
            "head_linear w_uv", "linear o_proj", "add_rms_norm", "router", "gated_up shared", "linear shared down", "moe experts"]

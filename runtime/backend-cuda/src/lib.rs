@@ -160,8 +160,6 @@ pub const KERNELS: &[&str] = &[
     "moe_combine",
     "mla_decode",
     "mla_decode_mma",
-    "mla_decode_mma16",
-    "mla_decode_mma_w16",
     "mla_combine",
     "dummy_bf16",
     "dummy_fp8",
@@ -239,12 +237,6 @@ pub struct CudaBackend {
     /// MLA decode attention on tensor cores (`mla_decode_mma`) where the shape fits
     /// (`WEFT_CUDA_MLA_MMA=0`: the CUDA-core `mla_decode`, for comparisons).
     pub mla_mma: bool,
-    /// Tokens per tile of the tensor-core MLA kernel: 32 (default) or 16 (half the shared
-    /// memory, two blocks per SM; `WEFT_CUDA_MLA_MMA_TILE`).
-    pub mla_mma_tile: usize,
-    /// Warps per block of the tensor-core MLA kernel with 32-token tiles: 16 (default) or 8
-    /// (`WEFT_CUDA_MLA_MMA_WARPS`).
-    pub mla_mma_warps: usize,
     /// Fewest activation rows the dense tensor-core kernels take (2; `WEFT_CUDA_MMA_MIN_M`).
     pub mma_min_m: usize,
     /// Most activation rows the dense tensor-core kernels take for bf16 / fp8 weights
@@ -413,7 +405,7 @@ impl CudaBackend {
         use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
         let num_sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(dev)? as usize;
         let smem_optin = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).map_err(dev)? as usize;
-        for k in ["mla_decode", "mla_decode_mma", "mla_decode_mma16", "mla_decode_mma_w16"] {
+        for k in ["mla_decode", "mla_decode_mma"] {
             funcs[k].set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_optin as i32).map_err(dev)?;
         }
         // A stream of the backend's own (the legacy default stream cannot be captured into a
@@ -460,8 +452,6 @@ impl CudaBackend {
             slow_paths,
             mma,
             mla_mma: mma && std::env::var("WEFT_CUDA_MLA_MMA").map_or(true, |v| v != "0"),
-            mla_mma_warps: if std::env::var("WEFT_CUDA_MLA_MMA_WARPS").is_ok_and(|v| v == "8") { 8 } else { 16 },
-            mla_mma_tile: if std::env::var("WEFT_CUDA_MLA_MMA_TILE").is_ok_and(|v| v == "16") { 16 } else { 32 },
             mma_min_m: std::env::var("WEFT_CUDA_MMA_MIN_M").ok().and_then(|v| v.parse().ok()).unwrap_or(2),
             mma_max_m: [0, 1].map(|i| {
                 let var = ["WEFT_CUDA_MMA_MAX_M", "WEFT_CUDA_MMA_MAX_M_FP8"][i];

@@ -41,7 +41,9 @@ pub(crate) struct MlaArgs<'a> {
     pub scale: f32,
 }
 
-/// The widest latent `mla_decode_mma`'s warps cover.
+/// `mla_decode_mma`'s tile (tokens), warps, and the widest latent its warps cover.
+const MMA_TILE: usize = 32;
+const MMA_WARPS: usize = 16;
 const MMA_MAX_LATENT: usize = 512;
 
 /// Floats per shared-memory row of `mla_decode_mma`'s tiles (`mlt_stride` in mla.cu).
@@ -68,24 +70,12 @@ impl CudaBackend {
         (2 * tile * mma_stride(width) + warps / 2 * 16 * tile) * 4 + 2 * 16 * (tile + 8) * 2 + 16 * 4
     }
 
-    /// The tensor-core kernel's variant: (name, tile, warps). 16-token tiles take 8 warps.
-    fn mla_mma_kernel(&self) -> (&'static str, usize, usize) {
-        match (self.mla_mma_tile, self.mla_mma_warps) {
-            (16, _) => ("mla_decode_mma16", 16, 8),
-            (_, 8) => ("mla_decode_mma", 32, 8),
-            _ => ("mla_decode_mma_w16", 32, 16),
-        }
-    }
-
     /// Whether the tensor-core kernel takes this layout: whole 16-column steps, latent columns
     /// in whole 8-column tiles within 8 warps × 64, a width of at most 4 × 9 steps.
     fn mla_mma_fits(&self, pool: &CudaKvPool) -> bool {
         let l = pool.layout;
         let w = l.width();
-        self.mla_mma && w % 16 == 0 && w <= 576 && l.latent_dim % 8 == 0 && l.latent_dim <= MMA_MAX_LATENT && l.rope_dim % 4 == 0 && {
-            let (_, tile, warps) = self.mla_mma_kernel();
-            Self::mla_mma_smem(w, tile, warps) <= self.smem_optin
-        }
+        self.mla_mma && w % 16 == 0 && w <= 576 && l.latent_dim % 8 == 0 && l.latent_dim <= MMA_MAX_LATENT && l.rope_dim % 4 == 0 && Self::mla_mma_smem(w, MMA_TILE, MMA_WARPS) <= self.smem_optin
     }
 
     /// Whether the split kernel takes this shape (latent ≤ 2 × threads, latent and rope widths
@@ -102,8 +92,7 @@ impl CudaBackend {
         let MlaArgs { pool, layer, q_lat, q_pe, heads, rows, scale } = a;
         let l = pool.layout;
         let mma = self.mla_mma_fits(pool);
-        let (mma_name, mma_tile, mma_warps) = self.mla_mma_kernel();
-        let tile = if mma { mma_tile } else { TILE };
+        let tile = if mma { MMA_TILE } else { TILE };
         let (mut groups, mut hg) = head_groups(heads);
         // While a step is recorded, sized for its context bucket (the graph serves every step
         // up to it; splits past a row's context are empty).
@@ -133,7 +122,8 @@ impl CudaBackend {
         let stride = l.num_pages * l.page_size * l.width();
         let view = pool.data.slice(layer * stride..(layer + 1) * stride);
         let (h32, g32, gs, lat, rd, ps, ch) = (heads as u32, groups as u32, hg as u32, l.latent_dim as u32, l.rope_dim as u32, l.page_size as u32, min_chunk as u32);
-        let (kernel, threads, smem) = if mma { (mma_name, 32 * mma_warps as u32, Self::mla_mma_smem(l.width(), tile, mma_warps)) } else { ("mla_decode", THREADS, self.mla_smem(l.width(), hg)) };
+        let (kernel, threads, smem) =
+            if mma { ("mla_decode_mma", 32 * MMA_WARPS as u32, Self::mla_mma_smem(l.width(), MMA_TILE, MMA_WARPS)) } else { ("mla_decode", THREADS, self.mla_smem(l.width(), hg)) };
         let mut b = self.stream.launch_builder(self.func(kernel));
         b.arg(&view).arg(q_lat).arg(q_pe).arg(tables[0]).arg(tables[1]).arg(tables[2]).arg(&mut o_part).arg(&mut ml_part).arg(&h32).arg(&g32).arg(&gs).arg(&lat).arg(&rd).arg(&ps).arg(&scale).arg(&ch);
         unsafe { b.launch(LaunchConfig { grid_dim: (base as u32, nsplit as u32, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem as u32 }) }.map_err(dev)?;

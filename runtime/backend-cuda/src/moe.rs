@@ -17,6 +17,8 @@ const MAX_GROUPS: usize = 64;
 /// expert kernels, the backend's `moe_device_tokens`.
 const MAX_AVG_TOKENS_PER_EXPERT: usize = 8;
 
+/// Down-projection rows per sub-group in the CUDA-core expert kernels (`MOE_DOWN_ROWS` in moe.cu).
+const DOWN_ROWS: usize = 2;
 /// Weight rows per tensor-core tile (`MMA_ROWS` in mma.cu) and threads per block there.
 const MMA_ROWS: usize = 16;
 const MMA_THREADS: u32 = 128;
@@ -186,7 +188,7 @@ impl CudaBackend {
         };
         let (gu_grid, down_grid) = match path {
             Path::Mma => (grid(inter / MMA_ROWS, MMA_THREADS), grid(hidden / (2 * MMA_ROWS), MMA_THREADS)),
-            _ => (grid(inter, THREADS), grid(hidden, THREADS)),
+            _ => (grid(inter, THREADS), grid(hidden.div_ceil(DOWN_ROWS), THREADS)),
         };
         let mut h = self.out(n * inter)?;
         let mut l = self.stream.launch_builder(self.func(EXPERT_KERNELS[0][fp8][path as usize]));
