@@ -23,7 +23,9 @@ __device__ __forceinline__ void split_range(u32 n, u32 split, u32 nsplit, u32 ti
     t_end = min(n, t_begin + chunk);
 }
 
-extern "C" __global__ void __launch_bounds__(256, 2) mla_decode(const float* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) { WEFT_PDL_ENTRY();
+// C: the cache's element (float, or u16 for bf16: converted to f32 as the tile is loaded).
+template <typename C>
+__device__ __forceinline__ void mla_decode_body(const C* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) {
     WEFT_DYNAMIC_SHARED(float, smem);
     u32 w = latent + rd, wp = w + 4, w4 = w / 4, l4 = latent / 4;
     u32 row = blockIdx.x / groups, grp = blockIdx.x % groups;
@@ -66,7 +68,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_decode(const float* lay
             u32 t = i / w4, j = i % w4;
             u32 tt = base + t;
             float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (t < cnt) v = ((const float4*)layer)[((i64)table[tt / page] * page + tt % page) * w4 + j];
+            if (t < cnt) v = kv_ld4(layer + ((i64)table[tt / page] * page + tt % page) * w + 4 * j);
             ((float4*)(kv + t * wp))[j] = v;
         }
         __syncthreads();
@@ -168,6 +170,12 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_decode(const float* lay
         ml_part[(part + (i64)threadIdx.x * nsplit) * 2 + 1] = lrun[threadIdx.x];
     }
 }
+extern "C" __global__ void __launch_bounds__(256, 2) mla_decode(const float* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) { WEFT_PDL_ENTRY();
+    mla_decode_body(layer, q_lat, q_pe, bt, bt_off, ctx, o_part, ml_part, heads, groups, gsize, latent, rd, page, scale, chunk);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) mla_decode_bf16(const u16* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) { WEFT_PDL_ENTRY();
+    mla_decode_body(layer, q_lat, q_pe, bt, bt_off, ctx, o_part, ml_part, heads, groups, gsize, latent, rd, page, scale, chunk);
+}
 
 // Block (row·head, column chunk): merges the splits' partial outputs for blockDim.x latent
 // columns of one row and head (columns in chunks, so that a single decoding row still spreads
@@ -217,6 +225,13 @@ extern "C" __global__ void mla_gather_split(const float* __restrict__ kv, const 
     }
 }
 
+// The same from a bf16 cache: its values are the first part exactly, and there is no second.
+extern "C" __global__ void mla_gather_bf16(const u16* __restrict__ kv, const u32* table, u16* hi, u32 ps, u32 width) { WEFT_PDL_ENTRY();
+    const u32 j = blockIdx.x;
+    const u16* src = kv + ((i64)table[j / ps] * ps + j % ps) * width;
+    for (u32 d = threadIdx.x; d < width; d += blockDim.x) hi[(i64)j * width + d] = src[d];
+}
+
 // Query (row, head) = block: q_lat then q_pe, [rows·heads][lat + rd] per part.
 extern "C" __global__ void mla_q_split(const float* __restrict__ q_lat, const float* __restrict__ q_pe, u16* hi, u16* lo, u32 lat, u32 rd) { WEFT_PDL_ENTRY();
     const i64 rh = blockIdx.x;
@@ -260,7 +275,7 @@ extern "C" __global__ void mla_softmax_split(const float* __restrict__ s, u16* p
 // which bound mla_decode (~15 % of copy bandwidth at 64 × 4096).
 //
 // W warps (8 or 16). A tile of T tokens (f32, all `latent + rope` columns) is copied into
-// shared memory with cp.async while the previous tile is used (two buffers). Scores: warp
+// shared memory with cp.async while earlier tiles are used (S buffers: the next S − 1 tiles in flight). Scores: warp
 // (kq, th) multiplies the block's queries (held in registers as A fragments, its part kq of
 // W/2 parts of the width) by the tile's half th; the parts' partial scores meet in shared
 // memory. Softmax: 2W threads per head, running max and sum in their registers; the weights go
@@ -289,31 +304,53 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {}
 #endif
 
-// Floats per shared-memory row of the tile (see above).
-__device__ __forceinline__ u32 mlt_stride(u32 w) { return w + (52u - w % 32u) % 32u; }
+// ldmatrix.x4.trans: four 8×8 blocks of b16 from shared memory, each transposed into the
+// mma B-fragment layout (lane g, t gets rows 2t and 2t + 1 of column g); lane l gives the
+// address of row l % 8 of block l / 8 (16-byte aligned).
+#if !defined(WEFT_NO_PTX)
+__device__ __forceinline__ void ldsm_x4_trans(u32 (&r)[4], const void* row) {
+    const u32 a = (u32)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+#elif defined(WEFT_EMU)
+__device__ __forceinline__ void ldsm_x4_trans(u32 (&r)[4], const void* row) { emu_ldsm_x4_trans(r, row); }
+#else
+// AMD: the tensor-core kernels are never launched there (mma.cu).
+__device__ __forceinline__ void ldsm_x4_trans(u32 (&r)[4], const void*) { __builtin_trap(); }
+#endif
+
+// Elements per shared-memory row of the tile: f32 rows of ≡ 20 words (mod 32) (see above);
+// bf16 rows of ≡ 4 words (mod 32), where fragments are read in the standard mma layout (below).
+template <typename C>
+__device__ __forceinline__ u32 mlt_stride(u32 w) {
+    if (sizeof(C) == 4) return w + (52u - w % 32u) % 32u;
+    const u32 words = w / 2;
+    return 2 * (words + (36u - words % 32u) % 32u);
+}
 
 // Tokens base..base+MLT_T-1 (MLT_T: the tile size) of the row's context into buf (rows past
 // `end` zero-filled). A tile starts at a multiple of MLT_T, so with pages of a multiple of MLT_T
 // tokens (64 in practice)
 // it lies in one page: one block-table lookup per tile, not a dependent global load before
 // every copy (the copies' asm orders them). Other page sizes look up every row.
-template <int MLT_T>
-__device__ __forceinline__ void mlt_load(float* buf, const float* layer, const u32* table, u32 base, u32 end, u32 page, u32 w, u32 ks) {
-    const u32 w4 = w / 4, chunks = MLT_T * w4;
+template <int MLT_T, typename C>
+__device__ __forceinline__ void mlt_load(C* buf, const C* layer, const u32* table, u32 base, u32 end, u32 page, u32 w, u32 ks) {
+    constexpr u32 V = 16 / sizeof(C);  // elements per 16-byte copy
+    const u32 w4 = w / V, chunks = MLT_T * w4;
     const bool one_page = page % MLT_T == 0;
     const i64 row0 = one_page ? (i64)table[base / page] * page + base % page : 0;
     u32 tt = threadIdx.x / w4, j = threadIdx.x % w4;
     const u32 step_t = blockDim.x / w4, step_j = blockDim.x % w4;
     for (u32 i = threadIdx.x; i < chunks; i += blockDim.x) {
         const u32 tok = base + tt;
-        const float* src = layer;
+        const C* src = layer;
         u32 bytes = 0;
         if (tok < end) {
             const i64 r = one_page ? row0 + tt : (i64)table[tok / page] * page + tok % page;
-            src = layer + r * w + 4 * j;
+            src = layer + r * w + V * j;
             bytes = 16;
         }
-        cp_async16(buf + tt * ks + 4 * j, src, bytes);
+        cp_async16((float*)(buf + tt * ks + V * j), (const float*)src, bytes);
         tt += step_t;
         j += step_j;
         if (j >= w4) {
@@ -324,11 +361,15 @@ __device__ __forceinline__ void mlt_load(float* buf, const float* layer, const u
     cp_async_commit();
 }
 
-// Dynamic shared memory: tiles [2][T][ks] f32, partial scores [W/2][16][T] f32, weights hi/lo
+// Dynamic shared memory: tiles [S][T][ks] of C, partial scores [W/2][16][T] f32, weights hi/lo
 // [16][T + 8] u16 each, per-head rescale [16] f32 (mla.rs: mla_mma_smem). T = 32 or 16 tokens
 // per tile, W = 8 or 16 warps (one variant is built: below).
-template <int T, int W>
-__device__ __forceinline__ void mla_mma_body(const float* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) {
+// C = u16: a bf16 cache. Its values are bf16 already: one part, so scores and values take two
+// products each (queries' and weights' two parts), and the B fragments are read as stored —
+// the score pass's in the standard mma layout (lane t: columns 2t, 2t + 1, 2t + 8, 2t + 9 as
+// two words), the value pass's as four bf16 of one column.
+template <int T, int W, int S, typename C>
+__device__ __forceinline__ void mla_mma_body(const C* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) {
     constexpr int PS = T + 8;          // u16 stride of the weights' rows
     constexpr int KQ = W / 2;          // parts of the width in the score product
     constexpr int KS = (36 + KQ - 1) / KQ; // its k16 steps per warp (width <= 576)
@@ -337,9 +378,11 @@ __device__ __forceinline__ void mla_mma_body(const float* layer, const float* q_
     constexpr int E = T / HT;          // tokens per softmax thread
     constexpr int NT = 64 / W;         // n-tiles of 8 latent columns per value warp
     constexpr int CW = 8 * NT;         // latent columns per value warp
-    static_assert(E >= 1 && NJ >= 1 && NT >= 1, "tile and warp counts");
+    constexpr int RS = T + 8;          // floats per row of the partial scores (conflict-free writes)
+    constexpr bool BF = sizeof(C) == 2;
+    static_assert(E >= 1 && NJ >= 1 && NT >= 2 && NT % 2 == 0, "tile and warp counts");
     WEFT_DYNAMIC_SHARED(float, smem);
-    const u32 w = latent + rd, ks = mlt_stride(w);
+    const u32 w = latent + rd, ks = mlt_stride<C>(w);
     const u32 row = blockIdx.x / groups, h0 = blockIdx.x % groups * gsize;
     const u32 hg = min(gsize, heads - h0);
     const u32 nsplit = gridDim.y, split = blockIdx.y;
@@ -347,16 +390,22 @@ __device__ __forceinline__ void mla_mma_body(const float* layer, const float* q_
     u32 t_begin, t_end;
     split_range(n, split, nsplit, T, chunk, t_begin, t_end);
     const u32* table = bt + bt_off[row];
-    float* tiles = smem;
-    float* red = tiles + 2 * T * ks;
-    u16* phi = (u16*)(red + KQ * 16 * T);
+    C* tiles = (C*)smem;
+    float* red = (float*)(tiles + S * T * ks);
+    u16* phi = (u16*)(red + KQ * 16 * RS);
     u16* plo = phi + 16 * PS;
     float* corr = (float*)(plo + 16 * PS);
     const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const u32 kq = warp % KQ, th = warp / KQ;
     const u32 nks = w / 16, ks0 = kq * nks / KQ, ks1 = (kq + 1) * nks / KQ;
     const u32 ntiles = (t_end - t_begin + T - 1) / T;
-    if (ntiles) mlt_load<T>(tiles, layer, table, t_begin, t_end, page, w, ks);
+    // Tiles 0..S-2 in flight before the loop: one commit group each (empty past the last tile,
+    // so that every iteration waits for the same count).
+#pragma unroll
+    for (int st = 0; st < S - 1; st++) {
+        if ((u32)st < ntiles) mlt_load<T>(tiles + st * T * ks, layer, table, t_begin + st * T, t_end, page, w, ks);
+        else cp_async_commit();
+    }
 
     // This warp's part of the queries as A fragments (rows: heads g, g + 8 of the block).
     u32 qa[KS][4], qb[KS][4];
@@ -366,10 +415,19 @@ __device__ __forceinline__ void mla_mma_body(const float* layer, const float* q_
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             x[r] = make_float4(0.f, 0.f, 0.f, 0.f);
-            const u32 h = g + 8 * r, d = (ks0 + i) * 16 + 4 * t;
+            const u32 h = g + 8 * r;
             if (ks0 + i < ks1 && h < hg) {
                 const i64 qh = (i64)row * heads + h0 + h;
-                x[r] = d < latent ? *(const float4*)(q_lat + qh * latent + d) : *(const float4*)(q_pe + qh * rd + d - latent);
+                if (BF) {
+                    // Columns 2t, 2t + 1 (x, y) and 2t + 8, 2t + 9 (z, w): the standard layout.
+                    const u32 d = (ks0 + i) * 16 + 2 * t;
+                    float2 a = d < latent ? *(const float2*)(q_lat + qh * latent + d) : *(const float2*)(q_pe + qh * rd + d - latent);
+                    float2 b = d + 8 < latent ? *(const float2*)(q_lat + qh * latent + d + 8) : *(const float2*)(q_pe + qh * rd + d + 8 - latent);
+                    x[r] = make_float4(a.x, a.y, b.x, b.y);
+                } else {
+                    const u32 d = (ks0 + i) * 16 + 4 * t;
+                    x[r] = d < latent ? *(const float4*)(q_lat + qh * latent + d) : *(const float4*)(q_pe + qh * rd + d - latent);
+                }
             }
         }
         split_bf16x2(x[0].x, x[0].y, qa[i][0], qb[i][0]);
@@ -387,14 +445,12 @@ __device__ __forceinline__ void mla_mma_body(const float* layer, const float* q_
         for (int i = 0; i < 4; i++) acc[j][i] = 0.f;
 
     for (u32 it = 0; it < ntiles; it++) {
-        const float* kv = tiles + (it & 1) * T * ks;
+        const C* kv = tiles + (it % S) * T * ks;
         const u32 base = t_begin + it * T, cnt = min((u32)T, t_end - base);
-        if (it + 1 < ntiles) {
-            mlt_load<T>(tiles + ((it + 1) & 1) * T * ks, layer, table, base + T, t_end, page, w, ks);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        // Tile it + S - 1 into the buffer tile it - 1 used (free since the loop's last barrier).
+        if (it + S - 1 < ntiles) mlt_load<T>(tiles + ((it + S - 1) % S) * T * ks, layer, table, base + (S - 1) * T, t_end, page, w, ks);
+        else cp_async_commit();
+        cp_async_wait<S - 1>();
         __syncthreads();
         {
             // Even and odd k steps accumulate apart (two independent mma chains per n-tile).
@@ -408,25 +464,31 @@ __device__ __forceinline__ void mla_mma_body(const float* layer, const float* q_
 #pragma unroll
             for (int i = 0; i < KS; i++) {
                 if (ks0 + i < ks1) {
-                    const u32 d = (ks0 + i) * 16 + 4 * t;
 #pragma unroll
                     for (int j = 0; j < NJ; j++) {
-                        const float4 k4 = *(const float4*)(kv + (th * 8 * NJ + j * 8 + g) * ks + d);
-                        u32 bh0, bl0, bh1, bl1;
-                        split_bf16x2(k4.x, k4.y, bh0, bl0);
-                        split_bf16x2(k4.z, k4.w, bh1, bl1);
                         float(&sc4)[4] = s[i & 1][j];
-                        mma_bf16_16816(sc4, qa[i][0], qa[i][1], qa[i][2], qa[i][3], bh0, bh1);
-                        mma_bf16_16816(sc4, qb[i][0], qb[i][1], qb[i][2], qb[i][3], bh0, bh1);
-                        mma_bf16_16816(sc4, qa[i][0], qa[i][1], qa[i][2], qa[i][3], bl0, bl1);
+                        if (BF) {
+                            const C* kr = kv + (th * 8 * NJ + j * 8 + g) * ks + (ks0 + i) * 16 + 2 * t;
+                            const u32 b0 = *(const u32*)kr, b1 = *(const u32*)(kr + 8);
+                            mma_bf16_16816(sc4, qa[i][0], qa[i][1], qa[i][2], qa[i][3], b0, b1);
+                            mma_bf16_16816(sc4, qb[i][0], qb[i][1], qb[i][2], qb[i][3], b0, b1);
+                        } else {
+                            const float4 k4 = *(const float4*)(kv + (th * 8 * NJ + j * 8 + g) * ks + (ks0 + i) * 16 + 4 * t);
+                            u32 bh0, bl0, bh1, bl1;
+                            split_bf16x2(k4.x, k4.y, bh0, bl0);
+                            split_bf16x2(k4.z, k4.w, bh1, bl1);
+                            mma_bf16_16816(sc4, qa[i][0], qa[i][1], qa[i][2], qa[i][3], bh0, bh1);
+                            mma_bf16_16816(sc4, qb[i][0], qb[i][1], qb[i][2], qb[i][3], bh0, bh1);
+                            mma_bf16_16816(sc4, qa[i][0], qa[i][1], qa[i][2], qa[i][3], bl0, bl1);
+                        }
                     }
                 }
             }
 #pragma unroll
             for (int j = 0; j < NJ; j++) {
                 const u32 c = th * 8 * NJ + j * 8 + 2 * t;
-                *(float2*)(red + (kq * 16 + g) * T + c) = make_float2(s[0][j][0] + s[1][j][0], s[0][j][1] + s[1][j][1]);
-                *(float2*)(red + (kq * 16 + g + 8) * T + c) = make_float2(s[0][j][2] + s[1][j][2], s[0][j][3] + s[1][j][3]);
+                *(float2*)(red + (kq * 16 + g) * RS + c) = make_float2(s[0][j][0] + s[1][j][0], s[0][j][1] + s[1][j][1]);
+                *(float2*)(red + (kq * 16 + g + 8) * RS + c) = make_float2(s[0][j][2] + s[1][j][2], s[0][j][3] + s[1][j][3]);
             }
         }
         __syncthreads();
@@ -438,7 +500,7 @@ __device__ __forceinline__ void mla_mma_body(const float* layer, const float* q_
                 const u32 c = sc + e;
                 float x = 0.f;
 #pragma unroll
-                for (int q = 0; q < KQ; q++) x += red[(q * 16 + sh) * T + c];
+                for (int q = 0; q < KQ; q++) x += red[(q * 16 + sh) * RS + c];
                 v[e] = c < cnt ? x * scale : -WEFT_INF;
                 mx = fmaxf(mx, v[e]);
             }
@@ -479,17 +541,36 @@ __device__ __forceinline__ void mla_mma_body(const float* layer, const float* q_
                 const u32 tb = kk * 16 + 2 * t;
                 const u32 ah[4] = {*(const u32*)(phi + g * PS + tb), *(const u32*)(phi + (g + 8) * PS + tb), *(const u32*)(phi + g * PS + tb + 8), *(const u32*)(phi + (g + 8) * PS + tb + 8)};
                 const u32 al[4] = {*(const u32*)(plo + g * PS + tb), *(const u32*)(plo + (g + 8) * PS + tb), *(const u32*)(plo + g * PS + tb + 8), *(const u32*)(plo + (g + 8) * PS + tb + 8)};
+                if (BF) {
+                    // Two n-tiles' B fragments per ldmatrix: 8×8 blocks (tokens 0-7 | 8-15 of
+                    // the k step) × (columns d0.. | d0 + 8..), transposed into the col layout.
 #pragma unroll
-                for (int j = 0; j < NT; j++) {
-                    const u32 d0 = CW * warp + 8 * j;
-                    if (d0 < latent) {
-                        const float* col = kv + tb * ks + d0 + g;
-                        u32 bh0, bl0, bh1, bl1;
-                        split_bf16x2(col[0], col[ks], bh0, bl0);
-                        split_bf16x2(col[8 * ks], col[9 * ks], bh1, bl1);
-                        mma_bf16_16816(acc[j], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
-                        mma_bf16_16816(acc[j], al[0], al[1], al[2], al[3], bh0, bh1);
-                        mma_bf16_16816(acc[j], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+                    for (int j = 0; j < NT; j += 2) {
+                        const u32 d0 = CW * warp + 8 * j, mi = lane / 8;
+                        if (d0 < latent) {
+                            u32 b[4];
+                            ldsm_x4_trans(b, kv + (kk * 16 + (mi & 1) * 8 + lane % 8) * ks + d0 + (mi >> 1) * 8);
+                            mma_bf16_16816(acc[j], ah[0], ah[1], ah[2], ah[3], b[0], b[1]);
+                            mma_bf16_16816(acc[j], al[0], al[1], al[2], al[3], b[0], b[1]);
+                            if (d0 + 8 < latent) {
+                                mma_bf16_16816(acc[j + 1], ah[0], ah[1], ah[2], ah[3], b[2], b[3]);
+                                mma_bf16_16816(acc[j + 1], al[0], al[1], al[2], al[3], b[2], b[3]);
+                            }
+                        }
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < NT; j++) {
+                        const u32 d0 = CW * warp + 8 * j;
+                        if (d0 < latent) {
+                            const C* col = kv + tb * ks + d0 + g;
+                            u32 bh0, bl0, bh1, bl1;
+                            split_bf16x2(col[0], col[ks], bh0, bl0);
+                            split_bf16x2(col[8 * ks], col[9 * ks], bh1, bl1);
+                            mma_bf16_16816(acc[j], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+                            mma_bf16_16816(acc[j], al[0], al[1], al[2], al[3], bh0, bh1);
+                            mma_bf16_16816(acc[j], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+                        }
                     }
                 }
             }
@@ -511,11 +592,15 @@ __device__ __forceinline__ void mla_mma_body(const float* layer, const float* q_
     }
 }
 
-#define WEFT_MLA_MMA(name, T, W) \
-    extern "C" __global__ void __launch_bounds__(32 * W, 1) name(const float* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) { \
+#define WEFT_MLA_MMA(name, T, W, S, C) \
+    extern "C" __global__ void __launch_bounds__(32 * W, 1) name(const C* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) { \
         WEFT_PDL_ENTRY(); \
-        mla_mma_body<T, W>(layer, q_lat, q_pe, bt, bt_off, ctx, o_part, ml_part, heads, groups, gsize, latent, rd, page, scale, chunk); \
+        mla_mma_body<T, W, S, C>(layer, q_lat, q_pe, bt, bt_off, ctx, o_part, ml_part, heads, groups, gsize, latent, rd, page, scale, chunk); \
     }
 // 32-token tiles, 16 warps. Measured on the H200 (mla_bench, 64 x 4096, 16 heads): 8 warps
 // 348 us, 16-token tiles with 8 warps 441 us, this 311 us.
-WEFT_MLA_MMA(mla_decode_mma, 32, 16)
+// Two tile buffers (one tile in flight) for either cache: with bf16 tiles, 3, 4 and 5 buffers
+// measured 3-4 % slower than 2 (mla_bench 64 x 4096, 16 and 64 heads; round 8) — the kernel is
+// not waiting on memory. (Three f32 buffers would not fit in shared memory.)
+WEFT_MLA_MMA(mla_decode_mma, 32, 16, 2, float)
+WEFT_MLA_MMA(mla_decode_mma_bf16, 32, 16, 2, u16)

@@ -27,12 +27,14 @@ extern "C" __global__ void gather_rows(const float* x, const u32* rows, float* o
 }
 
 // out = w * x / sqrt(mean(x^2) + eps), one block per row.
-__device__ void rms_row(const float* x, const float* w, float* out, u32 dim, float eps, float* sh) {
+// (`out`: f32, or the bf16 latent cache.)
+template <typename O>
+__device__ void rms_row(const float* x, const float* w, O* out, u32 dim, float eps, float* sh) {
     float s = 0.f;
     for (u32 j = threadIdx.x; j < dim; j += blockDim.x) s += x[j] * x[j];
     float ms = block_sum(s, sh) / (float)dim;
     float r = 1.0f / sqrtf(ms + eps);
-    for (u32 j = threadIdx.x; j < dim; j += blockDim.x) out[j] = w[j] * (x[j] * r);
+    for (u32 j = threadIdx.x; j < dim; j += blockDim.x) kv_st(out + j, w[j] * (x[j] * r));
 }
 
 // Rows up to RMS_REGS * blockDim.x wide are held in registers between the sum of squares and
@@ -120,15 +122,16 @@ extern "C" __global__ void silu_mul(const float* __restrict__ gu, float* __restr
 }
 
 // RoPE of `rd` values at `pos`, written de-interleaved (first half / second half).
-__device__ void rope_into(const float* x, u32 pos, const float* inv_freq, u32 rd, float attn_factor, int interleaved, float* out) {
+template <typename O>
+__device__ void rope_into(const float* x, u32 pos, const float* inv_freq, u32 rd, float attn_factor, int interleaved, O* out) {
     u32 half = rd / 2;
     for (u32 i = threadIdx.x; i < half; i += blockDim.x) {
         float x1 = interleaved ? x[2 * i] : x[i];
         float x2 = interleaved ? x[2 * i + 1] : x[i + half];
         float th = (float)pos * inv_freq[i];
         float c = cosf(th) * attn_factor, s = sinf(th) * attn_factor;
-        out[i] = x1 * c - x2 * s;
-        out[i + half] = x2 * c + x1 * s;
+        kv_st(out + i, x1 * c - x2 * s);
+        kv_st(out + i + half, x2 * c + x1 * s);
     }
 }
 
@@ -140,20 +143,29 @@ extern "C" __global__ void split_rope_q(const float* q, float* q_nope, float* q_
     rope_into(src + nope, pos[mh / heads], inv_freq, rd, attn_factor, interleaved, q_pe + mh * rd);
 }
 
-// One block per token: RMSNorm the latent, rope the shared key, store both at its slot.
-extern "C" __global__ void store_kv(float* layer, const float* kv_a, const float* norm_w, const u32* pos, const u32* slots, const float* inv_freq, u32 latent, u32 rd, float eps, float attn_factor, int interleaved) { WEFT_PDL_ENTRY();
+// One block per token: RMSNorm the latent, rope the shared key, store both at its slot (an f32
+// or a bf16 cache).
+template <typename C>
+__device__ void store_kv_body(C* layer, const float* kv_a, const float* norm_w, const u32* pos, const u32* slots, const float* inv_freq, u32 latent, u32 rd, float eps, float attn_factor, int interleaved) {
     __shared__ float sh[BLOCK];
     u32 w = latent + rd;
     const float* row = kv_a + (i64)blockIdx.x * w;
-    float* dst = layer + (i64)slots[blockIdx.x] * w;
+    C* dst = layer + (i64)slots[blockIdx.x] * w;
     rms_row(row, norm_w, dst, latent, eps, sh);
     rope_into(row + latent, pos[blockIdx.x], inv_freq, rd, attn_factor, interleaved, dst + latent);
+}
+extern "C" __global__ void store_kv(float* layer, const float* kv_a, const float* norm_w, const u32* pos, const u32* slots, const float* inv_freq, u32 latent, u32 rd, float eps, float attn_factor, int interleaved) { WEFT_PDL_ENTRY();
+    store_kv_body(layer, kv_a, norm_w, pos, slots, inv_freq, latent, rd, eps, attn_factor, interleaved);
+}
+extern "C" __global__ void store_kv_bf16(u16* layer, const float* kv_a, const float* norm_w, const u32* pos, const u32* slots, const float* inv_freq, u32 latent, u32 rd, float eps, float attn_factor, int interleaved) { WEFT_PDL_ENTRY();
+    store_kv_body(layer, kv_a, norm_w, pos, slots, inv_freq, latent, rd, eps, attn_factor, interleaved);
 }
 
 // Absorbed MLA attention over the paged latent pool, one block per (query row, head), online
 // softmax over chunks of BLOCK context tokens. Dynamic shared memory: latent + rd floats (q).
 // bt: concatenated block tables, bt_off[row] its start; ctx[row] the visible context.
-extern "C" __global__ void mla_attention(const float* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* out, u32 heads, u32 latent, u32 rd, u32 page, float scale) { WEFT_PDL_ENTRY();
+template <typename C>
+__device__ void mla_attention_body(const C* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* out, u32 heads, u32 latent, u32 rd, u32 page, float scale) {
     WEFT_DYNAMIC_SHARED(float, q);
     __shared__ float p[BLOCK];
     __shared__ float sh[BLOCK];
@@ -172,10 +184,10 @@ extern "C" __global__ void mla_attention(const float* layer, const float* q_lat,
         u32 t = base + threadIdx.x;
         float sc = -WEFT_INF;
         if (t < n) {
-            const float* e = layer + ((i64)table[t / page] * page + t % page) * w;
+            const C* e = layer + ((i64)table[t / page] * page + t % page) * w;
             float s = 0.f, s2 = 0.f;
-            for (u32 j = 0; j < latent; j++) s += q[j] * e[j];
-            for (u32 j = 0; j < rd; j++) s2 += q[latent + j] * e[latent + j];
+            for (u32 j = 0; j < latent; j++) s += q[j] * kv_ld(e + j);
+            for (u32 j = 0; j < rd; j++) s2 += q[latent + j] * kv_ld(e + latent + j);
             sc = (s + s2) * scale;
         }
         float m_new = fmaxf(m_run, block_max(sc, sh));
@@ -191,7 +203,7 @@ extern "C" __global__ void mla_attention(const float* layer, const float* q_lat,
             float a = acc[k] * corr;
             for (u32 i = 0; i < cnt; i++) {
                 u32 tt = base + i;
-                a += p[i] * layer[((i64)table[tt / page] * page + tt % page) * w + d];
+                a += p[i] * kv_ld(layer + ((i64)table[tt / page] * page + tt % page) * w + d);
             }
             acc[k] = a;
         }
@@ -202,6 +214,12 @@ extern "C" __global__ void mla_attention(const float* layer, const float* q_lat,
         u32 d = threadIdx.x + k * blockDim.x;
         if (d < latent) out[mh * latent + d] = acc[k] / l_run;
     }
+}
+extern "C" __global__ void mla_attention(const float* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* out, u32 heads, u32 latent, u32 rd, u32 page, float scale) { WEFT_PDL_ENTRY();
+    mla_attention_body(layer, q_lat, q_pe, bt, bt_off, ctx, out, heads, latent, rd, page, scale);
+}
+extern "C" __global__ void mla_attention_bf16(const u16* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* out, u32 heads, u32 latent, u32 rd, u32 page, float scale) { WEFT_PDL_ENTRY();
+    mla_attention_body(layer, q_lat, q_pe, bt, bt_off, ctx, out, heads, latent, rd, page, scale);
 }
 
 // Grouped-query attention for draft models with ordinary attention (DFlash): entries of

@@ -19,6 +19,19 @@ __device__ __forceinline__ u16 f32_to_bf16(float f) {
     return (u16)(x >> 16);
 }
 
+// The latent cache's values: f32, or bf16 (u16 bits); read and written as f32 (bf16 rounded
+// to nearest even when stored).
+__device__ __forceinline__ float kv_ld(const float* p) { return *p; }
+__device__ __forceinline__ float kv_ld(const u16* p) { return bf16_to_f32(*p); }
+__device__ __forceinline__ void kv_st(float* p, float v) { *p = v; }
+__device__ __forceinline__ void kv_st(u16* p, float v) { *p = f32_to_bf16(v); }
+// Four consecutive values from an address aligned to four of them.
+__device__ __forceinline__ float4 kv_ld4(const float* p) { return *(const float4*)p; }
+__device__ __forceinline__ float4 kv_ld4(const u16* p) {
+    const uint2 u = *(const uint2*)p;
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+}
+
 // Sum / max over the block; `sh` holds blockDim.x floats. Every thread gets the result.
 __device__ __forceinline__ float block_sum(float v, float* sh) {
     sh[threadIdx.x] = v;

@@ -145,6 +145,7 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
 }
 inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 struct uint4 { unsigned x, y, z, w; };
+struct uint2 { unsigned x, y; };
 struct float4 { float x, y, z, w; };
 struct float2 { float x, y; };
 inline float2 make_float2(float x, float y) { return {x, y}; }
@@ -191,6 +192,22 @@ inline void emu_mma_bf16_16816(float (&d)[4], unsigned a0, unsigned a1, unsigned
         float acc = d[i];
         for (unsigned k = 0; k < 16; k++) acc += A(r, k) * B(k, n);
         d[i] = acc;
+    }
+}
+
+// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 of a 32-lane warp: every lane posts its row
+// address, the warp meets, lane (g, t) reads column g of rows 2t and 2t + 1 of each block.
+static const void* emu_ldsm_rows[2][1024];
+inline void emu_ldsm_x4_trans(unsigned (&r)[4], const void* row) {
+    if (emu_warp != 32) { std::fprintf(stderr, "emulated ldmatrix needs 32-lane sub-groups\n"); std::abort(); }
+    unsigned t = threadIdx.x, base = t / 32 * 32, lane = t - base, g = lane / 4, q = lane % 4;
+    const void** slots = emu_ldsm_rows[emu_lane_turn[t]++ & 1];
+    slots[t] = row;
+    emu_warp_barriers[t / emu_warp].wait();
+    for (unsigned i = 0; i < 4; i++) {
+        const uint16_t* r0 = (const uint16_t*)slots[base + 8 * i + 2 * q];
+        const uint16_t* r1 = (const uint16_t*)slots[base + 8 * i + 2 * q + 1];
+        r[i] = (unsigned)r0[g] | ((unsigned)r1[g] << 16);
     }
 }
 

@@ -4,7 +4,8 @@
 // rows per sequence, context splits as runtime/backend-cuda/src/mla.rs chooses them (a split
 // whose only tile is partial, and empty splits, included); the MLA width of DeepSeek-V3 / Kimi
 // (512 + 64, pages of 64 tokens) and a narrow one (64 + 32: a score quarter of one 16-column
-// step, idle warps in the value pass; pages of 16 tokens, so tiles span pages).
+// step, idle warps in the value pass; pages of 16 tokens, so tiles span pages); each kernel
+// also over a bf16 cache (`_bf16` entries; the reference reads the same rounded values).
 // Exit status: the number of failing cases.
 #include "emu.h"
 #include "../weft_port.h"
@@ -20,14 +21,19 @@ int main() {
     std::mt19937 rng(1);
     std::uniform_real_distribution<float> U(-1, 1);
     int fails = 0;
-    struct Variant { bool mma; unsigned lanes, tile, latent, rd, page; };
+    struct Variant { bool mma; unsigned lanes, tile, latent, rd, page; bool bf; };
     // NVIDIA's 32-lane warps and AMD's 64-lane wavefronts (the score phase shuffles in groups
     // of 16 lanes inside either); the tensor-core kernel is NVIDIA's only.
-    for (Variant v : {Variant{false, 32, 16, 512, 64, 64}, Variant{false, 64, 16, 512, 64, 64}, Variant{true, 32, 32, 512, 64, 64}, Variant{true, 32, 32, 64, 32, 16}}) {
+    for (Variant v : {Variant{false, 32, 16, 512, 64, 64, false}, Variant{false, 64, 16, 512, 64, 64, false}, Variant{true, 32, 32, 512, 64, 64, false}, Variant{true, 32, 32, 64, 32, 16, false},
+                      Variant{false, 64, 16, 512, 64, 64, true}, Variant{true, 32, 32, 512, 64, 64, true}, Variant{true, 32, 32, 64, 32, 16, true}}) {
     emu_warp = v.lanes;
     const unsigned latent = v.latent, rd = v.rd, w = latent + rd, page = v.page, n = 2500, n_pages = (n + page - 1) / page, T = v.tile;
     std::vector<float> layer(n_pages * page * w);
-    for (auto& x : layer) x = 2 * U(rng);
+    std::vector<u16> layer16(layer.size());
+    for (size_t i = 0; i < layer.size(); i++) {
+        layer16[i] = f32_to_bf16(2 * U(rng));
+        layer[i] = v.bf ? bf16_to_f32(layer16[i]) : 2 * U(rng);
+    }
     std::vector<unsigned> table(n_pages);
     for (unsigned i = 0; i < n_pages; i++) table[i] = n_pages - 1 - i;  // scattered pages
     struct Case { unsigned heads; int rows; unsigned max_splits; };
@@ -55,8 +61,12 @@ int main() {
         nsplit += v.mma && c.rows == 3;
         o_part.assign(c.rows * c.heads * nsplit * latent, NAN);
         ml.assign(c.rows * c.heads * nsplit * 2, NAN);
-        if (v.mma)
+        if (v.mma && v.bf)
+            emu_launch(base, nsplit, 512, [&] { mla_decode_mma_bf16(layer16.data(), ql.data(), qp.data(), bt.data(), off.data(), ctx.data(), o_part.data(), ml.data(), c.heads, groups, hg, latent, rd, page, scale, T); });
+        else if (v.mma)
             emu_launch(base, nsplit, 512, [&] { mla_decode_mma(layer.data(), ql.data(), qp.data(), bt.data(), off.data(), ctx.data(), o_part.data(), ml.data(), c.heads, groups, hg, latent, rd, page, scale, T); });
+        else if (v.bf)
+            emu_launch(base, nsplit, 256, [&] { mla_decode_bf16(layer16.data(), ql.data(), qp.data(), bt.data(), off.data(), ctx.data(), o_part.data(), ml.data(), c.heads, groups, hg, latent, rd, page, scale, T); });
         else
             emu_launch(base, nsplit, 256, [&] { mla_decode(layer.data(), ql.data(), qp.data(), bt.data(), off.data(), ctx.data(), o_part.data(), ml.data(), c.heads, groups, hg, latent, rd, page, scale, T); });
         emu_launch(c.rows * c.heads, (latent + 127) / 128, 128, [&] { mla_combine(o_part.data(), ml.data(), out.data(), nsplit, latent); });
@@ -86,7 +96,7 @@ int main() {
                 }
             }
         bool ok = worst / peak < 1e-4;
-        std::printf("%s %u+%u, %u-lane sub-groups, %u heads x %d rows, %u splits of %u: rel err %.2e %s\n", v.mma ? "mla_decode_mma" : "mla_decode", latent, rd, v.lanes, c.heads, c.rows, nsplit, chunk, worst / peak, ok ? "ok" : "FAILED");
+        std::printf("%s%s %u+%u, %u-lane sub-groups, %u heads x %d rows, %u splits of %u: rel err %.2e %s\n", v.mma ? "mla_decode_mma" : "mla_decode", v.bf ? "_bf16" : "", latent, rd, v.lanes, c.heads, c.rows, nsplit, chunk, worst / peak, ok ? "ok" : "FAILED");
         fails += !ok;
     }
     }

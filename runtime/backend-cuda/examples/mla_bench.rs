@@ -2,14 +2,14 @@
 //! splits) against the measured copy bandwidth: `--batch` sequences of `--ctx` cached tokens,
 //! `--queries` query rows per sequence (1 = decode, more = speculative verification), for each
 //! head count per GPU in `--heads` (what tensor parallelism leaves of Kimi-K2 / DeepSeek-V3),
-//! on the tensor-core kernel and on the CUDA-core one. Bytes = the latent cache the rows read
-//! (once per sequence: its query rows share it) plus queries and outputs; the cache holds
-//! synthetic values (they do not change the work).
+//! on the tensor-core kernel and on the CUDA-core one, over an f32 and a bf16 latent cache
+//! (`--kv`). Bytes = the latent cache the rows read (once per sequence: its query rows share
+//! it) plus queries and outputs; the cache holds synthetic values (they do not change the work).
 //!
-//! `cargo run --release -p weft-cuda --example mla_bench -- [--batch 64] [--ctx 4096] [--queries 1,2] [--heads 8,12,16,64,128] [--reps 20]`
+//! `cargo run --release -p weft-cuda --example mla_bench -- [--batch 64] [--ctx 4096] [--queries 1,2] [--heads 8,12,16,64,128] [--kv f32,bf16] [--reps 20]`
 
 use std::time::Instant;
-use weft_backend::{AttnRow, Backend, KvLayout};
+use weft_backend::{AttnRow, Backend, KvDtype, KvLayout};
 use weft_cuda::CudaBackend;
 
 fn list(args: &[String], flag: &str, default: &[usize]) -> Vec<usize> {
@@ -26,35 +26,42 @@ fn main() {
     let queries = list(&args, "--queries", &[1, 2]);
     let head_counts = list(&args, "--heads", &[8, 12, 16, 64, 128]);
     let reps = list(&args, "--reps", &[20])[0];
+    let dtypes: Vec<KvDtype> = match args.iter().position(|a| a == "--kv") {
+        Some(i) => args.get(i + 1).expect("f32, bf16 or both after --kv").split(',').map(|v| KvDtype::parse(v).unwrap()).collect(),
+        None => vec![KvDtype::F32, KvDtype::Bf16],
+    };
     let mut be = CudaBackend::new(0).expect("a CUDA device");
     let copy_bw = be.measure_copy_bandwidth().unwrap();
     let (latent, rd, page) = (512usize, 64usize, 64usize);
     let per_seq = ctx.div_ceil(page);
-    let layout = KvLayout { layers: 1, num_pages: batch * per_seq, page_size: page, latent_dim: latent, rope_dim: rd };
-    let pool = be.alloc_kv_pool(layout).unwrap();
     let tables: Vec<Vec<u32>> = (0..batch).map(|s| (0..per_seq).map(|p| (p * batch + s) as u32).collect()).collect();
-    println!("GPU: {}; measured copy bandwidth {:.0} GB/s; latent {latent} + rope {rd}, f32 cache, pages of {page}", be.device_name, copy_bw / 1e9);
-    println!("\n| sequences × context | query rows / seq | heads | kernel | µs | GB/s | % of copy BW |");
-    println!("| --- | ---: | ---: | --- | ---: | ---: | ---: |");
+    println!("GPU: {}; measured copy bandwidth {:.0} GB/s; latent {latent} + rope {rd}, pages of {page}", be.device_name, copy_bw / 1e9);
+    println!("\n| sequences × context | cache | query rows / seq | heads | kernel | µs | GB/s | % of copy BW |");
+    println!("| --- | --- | ---: | ---: | --- | ---: | ---: | ---: |");
     let kernels: Vec<bool> = if be.mla_mma { vec![true, false] } else { vec![false] };
-    for &q in &queries {
-        let rows: Vec<AttnRow<'_>> = tables.iter().flat_map(|t| (0..q).map(move |i| AttnRow { block_table: t, ctx_len: ctx - (q - 1 - i) })).collect();
-        for &heads in &head_counts {
-            let q_lat = be.upload(&vec![0.01; rows.len() * heads * latent]).unwrap();
-            let q_pe = be.upload(&vec![0.01; rows.len() * heads * rd]).unwrap();
-            let bytes = (batch * ctx * (latent + rd) * 4 + rows.len() * heads * (2 * latent + rd) * 4) as f64;
-            for &mma in &kernels {
-                be.mla_mma = mma;
-                be.mla_attention(&pool, 0, &q_lat, &q_pe, heads, &rows, 0.06).unwrap();
-                be.synchronize().unwrap();
-                let t = Instant::now();
-                for _ in 0..reps {
+    for &dtype in &dtypes {
+        let layout = KvLayout { layers: 1, num_pages: batch * per_seq, page_size: page, latent_dim: latent, rope_dim: rd, dtype };
+        let pool = be.alloc_kv_pool(layout).unwrap();
+        let cache = format!("{dtype:?}").to_lowercase();
+        for &q in &queries {
+            let rows: Vec<AttnRow<'_>> = tables.iter().flat_map(|t| (0..q).map(move |i| AttnRow { block_table: t, ctx_len: ctx - (q - 1 - i) })).collect();
+            for &heads in &head_counts {
+                let q_lat = be.upload(&vec![0.01; rows.len() * heads * latent]).unwrap();
+                let q_pe = be.upload(&vec![0.01; rows.len() * heads * rd]).unwrap();
+                let bytes = (batch * ctx * (latent + rd) * dtype.size() + rows.len() * heads * (2 * latent + rd) * 4) as f64;
+                for &mma in &kernels {
+                    be.mla_mma = mma;
                     be.mla_attention(&pool, 0, &q_lat, &q_pe, heads, &rows, 0.06).unwrap();
+                    be.synchronize().unwrap();
+                    let t = Instant::now();
+                    for _ in 0..reps {
+                        be.mla_attention(&pool, 0, &q_lat, &q_pe, heads, &rows, 0.06).unwrap();
+                    }
+                    be.synchronize().unwrap();
+                    let secs = t.elapsed().as_secs_f64() / reps as f64;
+                    let name = if mma { "tensor cores (mla_decode_mma)" } else { "CUDA cores (mla_decode)" };
+                    println!("| {batch} × {ctx} | {cache} | {q} | {heads} | {name} | {:.1} | {:.0} | {:.1} % |", secs * 1e6, bytes / secs / 1e9, 100.0 * bytes / secs / copy_bw);
                 }
-                be.synchronize().unwrap();
-                let secs = t.elapsed().as_secs_f64() / reps as f64;
-                let name = if mma { "tensor cores (mla_decode_mma)" } else { "CUDA cores (mla_decode)" };
-                println!("| {batch} × {ctx} | {q} | {heads} | {name} | {:.1} | {:.0} | {:.1} % |", secs * 1e6, bytes / secs / 1e9, 100.0 * bytes / secs / copy_bw);
             }
         }
     }

@@ -16,11 +16,11 @@
 //! The KV cache holds synthetic contents (its values do not change the work), so no prefill
 //! is needed to time decode at long contexts.
 //!
-//! `roofline DIR --dummy [--batch 1,8,32,64] [--ctx 1024,4096] [--prefill 1024] [--steps 8]`
+//! `roofline DIR --dummy [--batch 1,8,32,64] [--ctx 1024,4096] [--prefill 1024] [--steps 8] [--kv-cache-dtype f32|bf16]`
 
 use std::path::PathBuf;
 use std::time::Instant;
-use weft_backend::{AttnRow, Backend, HostMatrix};
+use weft_backend::{AttnRow, Backend, HostMatrix, KvDtype};
 use weft_cuda::CudaBackend;
 use weft_model::{LoadedModel, ModelConfig, StepBatch};
 
@@ -56,7 +56,7 @@ fn expert_params(c: &ModelConfig, inter: usize) -> f64 {
 }
 
 /// Bytes one decode step of `b` tokens at context `ctx` must move.
-fn step_bytes(c: &ModelConfig, b: usize, ctx: usize) -> f64 {
+fn step_bytes(c: &ModelConfig, b: usize, ctx: usize, kv: KvDtype) -> f64 {
     let pb = proj_bytes(c);
     let e = c.n_routed_experts as f64;
     let k = c.num_experts_per_tok as f64;
@@ -72,7 +72,7 @@ fn step_bytes(c: &ModelConfig, b: usize, ctx: usize) -> f64 {
             total += expert_params(c, c.intermediate_size) * pb;
         }
     }
-    let width = (c.kv_lora_rank + c.qk_rope_head_dim) as f64 * 4.0; // f32 latent cache
+    let width = ((c.kv_lora_rank + c.qk_rope_head_dim) * kv.size()) as f64; // latent cache entry
     total += (c.vocab_size * c.hidden_size) as f64 * 2.0; // lm_head (bf16)
     total += (b * ctx) as f64 * width * c.num_hidden_layers as f64; // KV read
     total += b as f64 * width * c.num_hidden_layers as f64; // KV written
@@ -114,6 +114,7 @@ fn main() {
     let ctxs = list(&args, "--ctx", &[1024, 4096]);
     let prefill = list(&args, "--prefill", &[1024]);
     let steps = list(&args, "--steps", &[8])[0];
+    let kv = args.iter().position(|a| a == "--kv-cache-dtype").map_or(KvDtype::F32, |i| KvDtype::parse(args.get(i + 1).map_or("", |s| s.as_str())).unwrap());
     let mut be = CudaBackend::new(0).expect("a CUDA device");
     let name = be.device_name.clone();
     // The GEMM ceiling is the hardware's one-pass bf16 rate; the engine's GEMMs then run with
@@ -144,23 +145,25 @@ fn main() {
 
     let t = Instant::now();
     let demo = PathBuf::from(std::env::var("WEFT_DEMO_MODEL").unwrap_or_else(|_| "models/demo".into()));
-    let lm = if dummy { LoadedModel::open_dummy(&dir, be, &demo) } else { LoadedModel::open(&dir, be) }.unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let mut lm = if dummy { LoadedModel::open_dummy(&dir, be, &demo) } else { LoadedModel::open(&dir, be) }.unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    lm.model.set_kv_dtype(kv);
     let model = &lm.model;
     let c = &model.cfg;
     println!(
-        "model: {} ({} layers, hidden {}, {} experts top-{}, {}); loaded in {:.1} s",
+        "model: {} ({} layers, hidden {}, {} experts top-{}, {}, {:?} latent cache); loaded in {:.1} s",
         dir.display(),
         c.num_hidden_layers,
         c.hidden_size,
         c.n_routed_experts,
         c.num_experts_per_tok,
         if c.fp8_block.is_some() { "fp8 block weights" } else { "bf16 weights" },
+        kv,
         t.elapsed().as_secs_f64()
     );
     let be = &model.backend;
 
     // Pool big enough for the largest batch × context that fits in free memory.
-    let width_bytes = model.kv_layout(1, PAGE).bytes_per_page_f32();
+    let width_bytes = model.kv_layout(1, PAGE).bytes_per_page();
     let (free, _) = be.memory_info().unwrap_or((0, 0));
     let budget_pages = (free.saturating_sub(6 << 30)) / width_bytes;
     let need = |b: usize, ctx: usize| b * (ctx + 2 * steps + 4).div_ceil(PAGE);
@@ -177,7 +180,7 @@ fn main() {
     for &ctx in &ctxs {
         for &b in &batches {
             if need(b, ctx) > max_pages {
-                println!("| {b} | {ctx} | skipped: the f32 KV cache needs {:.0} GB | | | | | | | | |", (need(b, ctx) * width_bytes) as f64 / 1e9);
+                println!("| {b} | {ctx} | skipped: the KV cache needs {:.0} GB | | | | | | | | |", (need(b, ctx) * width_bytes) as f64 / 1e9);
                 continue;
             }
             let per_seq = (ctx + 2 * steps + 4).div_ceil(PAGE);
@@ -227,7 +230,7 @@ fn main() {
             let (step, _, dl, fe) = measure(true, 2 + steps);
             let after = be.graph_stats();
             let recorded = after.replayed >= before.replayed + steps as u64;
-            let bytes = step_bytes(c, b, ctx);
+            let bytes = step_bytes(c, b, ctx, kv);
             println!(
                 "| {b} | {ctx} | {:.3}{} | {:.0} | {:.2} | {:.0} | {:.1} % | {:.3} | {:.3} | {:.2} | {:.2} |",
                 step * 1e3,

@@ -20,10 +20,9 @@ impl CudaBackend {
         }
         let l = pool.layout;
         let m = weft_backend::check_kv_store(l, layer, self.len(k), self.len(v), slots)?;
-        let stride = l.num_pages * l.page_size * l.width();
         let sb = self.step_array(StepArray::Slots, slots)?;
         let kw = (l.latent_dim / 2) as u32;
-        let mut view = pool.data.slice_mut(layer * stride..(layer + 1) * stride);
+        let mut view = pool.layer_mut(layer);
         let mut b = self.stream.launch_builder(self.func("kv_store_rows"));
         b.arg(&mut view).arg(k).arg(v).arg(&*sb).arg(&kw);
         unsafe { b.launch(grid(m, 0)) }.map_err(dev)?;
@@ -43,8 +42,7 @@ impl CudaBackend {
         }
         let [bt, off, ctx] = pack_tables(rows);
         let (btb, offb, ctxb) = (self.step_array(StepArray::Tables, &bt)?, self.step_array(StepArray::Offsets, &off)?, self.step_array(StepArray::Lens, &ctx)?);
-        let stride = l.num_pages * l.page_size * l.width();
-        let view = pool.data.slice(layer * stride..(layer + 1) * stride);
+        let view = pool.layer(layer);
         let (h, g, d32, kw, ps) = (heads as u32, (heads / kv_heads) as u32, d as u32, (l.latent_dim / 2) as u32, l.page_size as u32);
         let mut b = self.stream.launch_builder(self.func("gqa_attention"));
         b.arg(&view).arg(q).arg(&*btb).arg(&*offb).arg(&*ctxb).arg(&mut out).arg(&h).arg(&g).arg(&d32).arg(&kw).arg(&ps).arg(&scale);

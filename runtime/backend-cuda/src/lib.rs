@@ -102,13 +102,16 @@ pub const KERNELS: &[&str] = &[
     "moe_pairs_silu_split",
     "moe_pairs_combine",
     "mla_gather_split",
+    "mla_gather_bf16",
     "mla_q_split",
     "mla_softmax_split",
     "scatter_rows",
     "silu_mul",
     "split_rope_q",
     "store_kv",
+    "store_kv_bf16",
     "mla_attention",
+    "mla_attention_bf16",
     "kv_store_rows",
     "gqa_attention",
     "scatter_add_weighted",
@@ -159,7 +162,9 @@ pub const KERNELS: &[&str] = &[
     "moe_down_fp8_mma",
     "moe_combine",
     "mla_decode",
+    "mla_decode_bf16",
     "mla_decode_mma",
+    "mla_decode_mma_bf16",
     "mla_combine",
     "dummy_bf16",
     "dummy_fp8",
@@ -206,10 +211,40 @@ pub fn is_router(name: &str) -> bool {
     name.ends_with(".mlp.gate.weight")
 }
 
-/// The latent KV pool on the device: `[layer][slot][latent + rope]` in f32.
+/// The latent KV pool on the device: `[layer][slot][latent + rope]` of `layout.dtype` values,
+/// held as 4-byte words (a bf16 pool packs two values per word; its widths are even). Kernels
+/// take a layer's words as `const float*` or `const u16*` by the pool's type.
 pub struct CudaKvPool {
     pub layout: KvLayout,
     pub data: CudaSlice<f32>,
+}
+
+impl CudaKvPool {
+    /// Words per page of one layer.
+    pub(crate) fn page_words(&self) -> usize {
+        self.layout.page_size * self.layout.width() * self.layout.dtype.size() / 4
+    }
+
+    /// Words per layer.
+    pub(crate) fn layer_words(&self) -> usize {
+        self.layout.num_pages * self.page_words()
+    }
+
+    /// One layer's words.
+    pub(crate) fn layer(&self, layer: usize) -> cudarc::driver::CudaView<'_, f32> {
+        let n = self.layer_words();
+        self.data.slice(layer * n..(layer + 1) * n)
+    }
+
+    pub(crate) fn layer_mut(&mut self, layer: usize) -> cudarc::driver::CudaViewMut<'_, f32> {
+        let n = self.layer_words();
+        self.data.slice_mut(layer * n..(layer + 1) * n)
+    }
+
+    /// Whether the cache holds bf16 values (kernels `*_bf16`).
+    pub(crate) fn bf16(&self) -> bool {
+        self.layout.dtype == weft_backend::KvDtype::Bf16
+    }
 }
 
 pub struct CudaBackend {
@@ -346,9 +381,9 @@ fn keep_pool_memory(ctx: &CudaContext) {
 /// does when it starts. Needs only NVRTC, no GPU (the compile test runs it for every target).
 pub fn compile_kernels(arch: &'static str) -> Result<cudarc::nvrtc::Ptx> {
     let mut options = vec!["--std=c++17".to_string()];
-    // Kernel variants for comparisons: `WEFT_CUDA_KERNEL_DEFINES=WEFT_PDL_EARLY,WEFT_NO_PREFETCH`.
+    // Kernel variants for comparisons: `WEFT_CUDA_KERNEL_DEFINES=WEFT_PDL_EARLY,WEFT_MLA_BF16_STAGES=3`.
     if let Ok(defs) = std::env::var("WEFT_CUDA_KERNEL_DEFINES") {
-        options.extend(defs.split(',').filter(|d| !d.is_empty() && d.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')).map(|d| format!("-D{d}")));
+        options.extend(defs.split(',').filter(|d| !d.is_empty() && d.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '=')).map(|d| format!("-D{d}")));
     }
     let opts = cudarc::nvrtc::CompileOptions { arch: Some(arch), options, ..Default::default() };
     std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(KERNEL_SOURCE, opts))
@@ -405,7 +440,7 @@ impl CudaBackend {
         use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
         let num_sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(dev)? as usize;
         let smem_optin = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).map_err(dev)? as usize;
-        for k in ["mla_decode", "mla_decode_mma"] {
+        for k in ["mla_decode", "mla_decode_bf16", "mla_decode_mma", "mla_decode_mma_bf16"] {
             funcs[k].set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_optin as i32).map_err(dev)?;
         }
         // A stream of the backend's own (the legacy default stream cannot be captured into a

@@ -43,12 +43,20 @@ pub(crate) struct MlaArgs<'a> {
 
 /// `mla_decode_mma`'s tile (tokens), warps, and the widest latent its warps cover.
 const MMA_TILE: usize = 32;
+/// Tile buffers of `mla_decode_mma` (`S` in mla.cu, both caches).
+const MMA_STAGES: usize = 2;
 const MMA_WARPS: usize = 16;
 const MMA_MAX_LATENT: usize = 512;
 
-/// Floats per shared-memory row of `mla_decode_mma`'s tiles (`mlt_stride` in mla.cu).
-fn mma_stride(width: usize) -> usize {
-    width + (52 - width % 32) % 32
+/// Bytes per shared-memory row of `mla_decode_mma`'s tiles (`mlt_stride` in mla.cu): f32 rows
+/// of ≡ 20 words (mod 32), bf16 rows of ≡ 4 words (mod 32), for conflict-free fragment reads.
+fn mma_row_bytes(width: usize, bf16: bool) -> usize {
+    if bf16 {
+        let words = width / 2;
+        4 * (words + (36 - words % 32) % 32)
+    } else {
+        4 * (width + (52 - width % 32) % 32)
+    }
 }
 
 /// Context splits for the tensor-core kernel, which runs one block per SM: the count whose
@@ -64,10 +72,10 @@ impl CudaBackend {
         (hg * width + TILE * (width + 4) + HEAD_GROUP * TILE + 3 * HEAD_GROUP) * 4
     }
 
-    /// `mla_decode_mma`'s shared memory for tiles of `tile` tokens: two tiles, partial scores,
+    /// `mla_decode_mma`'s shared memory for tiles of `tile` tokens: its tile buffers, partial scores,
     /// the weights' two parts, the rescale factors.
-    fn mla_mma_smem(width: usize, tile: usize, warps: usize) -> usize {
-        (2 * tile * mma_stride(width) + warps / 2 * 16 * tile) * 4 + 2 * 16 * (tile + 8) * 2 + 16 * 4
+    fn mla_mma_smem(width: usize, tile: usize, warps: usize, bf16: bool) -> usize {
+        MMA_STAGES * tile * mma_row_bytes(width, bf16) + warps / 2 * 16 * (tile + 8) * 4 + 2 * 16 * (tile + 8) * 2 + 16 * 4
     }
 
     /// Whether the tensor-core kernel takes this layout: whole 16-column steps, latent columns
@@ -75,7 +83,13 @@ impl CudaBackend {
     fn mla_mma_fits(&self, pool: &CudaKvPool) -> bool {
         let l = pool.layout;
         let w = l.width();
-        self.mla_mma && w % 16 == 0 && w <= 576 && l.latent_dim % 8 == 0 && l.latent_dim <= MMA_MAX_LATENT && l.rope_dim % 4 == 0 && Self::mla_mma_smem(w, MMA_TILE, MMA_WARPS) <= self.smem_optin
+        self.mla_mma
+            && w % 16 == 0
+            && w <= 576
+            && l.latent_dim % 8 == 0
+            && l.latent_dim <= MMA_MAX_LATENT
+            && l.rope_dim % 4 == 0
+            && Self::mla_mma_smem(w, MMA_TILE, MMA_WARPS, pool.bf16()) <= self.smem_optin
     }
 
     /// Whether the split kernel takes this shape (latent ≤ 2 × threads, latent and rope widths
@@ -119,11 +133,14 @@ impl CudaBackend {
         let parts = rows.len() * heads * nsplit;
         let mut o_part = self.out(parts * l.latent_dim)?;
         let mut ml_part = self.out(parts * 2)?;
-        let stride = l.num_pages * l.page_size * l.width();
-        let view = pool.data.slice(layer * stride..(layer + 1) * stride);
+        let view = pool.layer(layer);
         let (h32, g32, gs, lat, rd, ps, ch) = (heads as u32, groups as u32, hg as u32, l.latent_dim as u32, l.rope_dim as u32, l.page_size as u32, min_chunk as u32);
-        let (kernel, threads, smem) =
-            if mma { ("mla_decode_mma", 32 * MMA_WARPS as u32, Self::mla_mma_smem(l.width(), MMA_TILE, MMA_WARPS)) } else { ("mla_decode", THREADS, self.mla_smem(l.width(), hg)) };
+        let bf = pool.bf16();
+        let (kernel, threads, smem) = if mma {
+            (if bf { "mla_decode_mma_bf16" } else { "mla_decode_mma" }, 32 * MMA_WARPS as u32, Self::mla_mma_smem(l.width(), MMA_TILE, MMA_WARPS, bf))
+        } else {
+            (if bf { "mla_decode_bf16" } else { "mla_decode" }, THREADS, self.mla_smem(l.width(), hg))
+        };
         let mut b = self.stream.launch_builder(self.func(kernel));
         b.arg(&view).arg(q_lat).arg(q_pe).arg(tables[0]).arg(tables[1]).arg(tables[2]).arg(&mut o_part).arg(&mut ml_part).arg(&h32).arg(&g32).arg(&gs).arg(&lat).arg(&rd).arg(&ps).arg(&scale).arg(&ch);
         unsafe { b.launch(LaunchConfig { grid_dim: (base as u32, nsplit as u32, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem as u32 }) }.map_err(dev)?;

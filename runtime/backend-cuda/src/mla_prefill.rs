@@ -111,17 +111,25 @@ impl CudaBackend {
         let ctx0 = first.ctx_len - 1; // context before the run's first row
         let total = ctx0 + run.len;
         let table = self.up_u32(&first.block_table[..total.div_ceil(l.page_size)])?;
-        let stride = l.num_pages * l.page_size * w;
-        let view = pool.data.slice(layer * stride..(layer + 1) * stride);
-        // Context parts [T][w] and query parts [run rows · heads][w].
-        let mut c = self.alloc::<u16>(2 * total * w)?;
+        let view = pool.layer(layer);
+        // Context parts [T][w] and query parts [run rows · heads][w]. A bf16 cache is its own
+        // first part and has no second: the products with it are left out.
+        let bf = pool.bf16();
+        let mut c = self.alloc::<u16>(if bf { total * w } else { 2 * total * w })?;
         {
-            let (mut hi, mut lo) = c.split_at_mut(total * w);
             let (ps, w32) = (l.page_size as u32, w as u32);
-            let mut b = self.stream.launch_builder(self.func("mla_gather_split"));
-            b.arg(&view).arg(&table).arg(&mut hi).arg(&mut lo).arg(&ps).arg(&w32);
-            unsafe { b.launch(cfg(total, 0)) }.map_err(dev)?;
+            if bf {
+                let mut b = self.stream.launch_builder(self.func("mla_gather_bf16"));
+                b.arg(&view).arg(&table).arg(&mut c).arg(&ps).arg(&w32);
+                unsafe { b.launch(cfg(total, 0)) }.map_err(dev)?;
+            } else {
+                let (mut hi, mut lo) = c.split_at_mut(total * w);
+                let mut b = self.stream.launch_builder(self.func("mla_gather_split"));
+                b.arg(&view).arg(&table).arg(&mut hi).arg(&mut lo).arg(&ps).arg(&w32);
+                unsafe { b.launch(cfg(total, 0)) }.map_err(dev)?;
+            }
         }
+        let products = if bf { 2 } else { 3 };
         let rh = run.len * heads;
         let mut q = self.alloc::<u16>(2 * rh * w)?;
         {
@@ -151,7 +159,7 @@ impl CudaBackend {
             };
             // S_h [r × t] = Q_h · C[..t]ᵀ: per head, query rows are `heads · w` apart.
             let qrow = (i0 * heads * w * 2) as u64;
-            for (i, (a, b)) in [(c_hi, q_hi), (c_hi, q_lo), (c_lo, q_hi)].into_iter().enumerate() {
+            for (i, (a, b)) in [(c_hi, q_hi), (c_hi, q_lo), (c_lo, q_hi)].into_iter().take(products).enumerate() {
                 self.gemm_bf16(Gemm { ta: true, m: t, n: r, k: w, a: (a, w, 0), b: (b + qrow, heads * w, w as i64), c: (ps, t, (r * t) as i64), batch: heads, accumulate: i > 0 })?;
             }
             let mut p = self.alloc::<u16>(2 * heads * r * t)?;
@@ -166,7 +174,7 @@ impl CudaBackend {
             let (p_hi, p_lo) = (pp, pp + (heads * r * t * 2) as u64);
             // O_h [r × lat] = P_h · C[..t, ..lat], written into rows start + i0.. of `out`.
             let orow = po + (((run.start + i0) * heads * lat) * 4) as u64;
-            for (i, (a, b)) in [(c_hi, p_hi), (c_hi, p_lo), (c_lo, p_hi)].into_iter().enumerate() {
+            for (i, (a, b)) in [(c_hi, p_hi), (c_hi, p_lo), (c_lo, p_hi)].into_iter().take(products).enumerate() {
                 self.gemm_bf16(Gemm { ta: false, m: lat, n: r, k: t, a: (a, w, 0), b: (b, t, (r * t) as i64), c: (orow, heads * lat, lat as i64), batch: heads, accumulate: i > 0 })?;
             }
             i0 += r;

@@ -265,14 +265,17 @@ impl Backend for CudaBackend {
     }
 
     fn alloc_kv_pool(&self, layout: KvLayout) -> Result<CudaKvPool> {
-        let n = layout.layers * layout.num_pages * layout.page_size * layout.width();
+        if layout.dtype != weft_backend::KvDtype::F32 && (layout.width() % 2 != 0 || layout.rope_dim == 0) {
+            return Err(shape("alloc_kv_pool", format!("a {:?} cache is for MLA latents of even width, not {layout:?}", layout.dtype)));
+        }
+        let n = layout.layers * layout.num_pages * layout.page_size * layout.width() * layout.dtype.size() / 4;
         Ok(CudaKvPool { layout, data: self.stream.alloc_zeros::<f32>(n.max(1)).map_err(dev)? })
     }
 
     fn copy_kv_pages(&self, pool: &mut CudaKvPool, pairs: &[(u32, u32)]) -> Result<()> {
         let l = pool.layout;
-        let page = l.page_size * l.width();
-        let stride = l.num_pages * page;
+        let page = pool.page_words();
+        let stride = pool.layer_words();
         for &(src, dst) in pairs {
             if src as usize >= l.num_pages || dst as usize >= l.num_pages {
                 return Err(shape("copy_kv_pages", format!("page {src}->{dst} outside pool of {}", l.num_pages)));
@@ -433,12 +436,12 @@ impl Backend for CudaBackend {
         if let Some(bad) = slots.iter().find(|&&s| s as usize >= lay.num_pages * lay.page_size) {
             return Err(shape("mla_store_kv", format!("slot {bad} outside pool")));
         }
-        let stride = lay.num_pages * lay.page_size * lay.width();
         let (pb, sb, fb) = (self.step_array(StepArray::Positions, positions)?, self.step_array(StepArray::Slots, slots)?, self.cached_f32_bits(&rope.inv_freq)?);
         let (pb, sb, fb) = (&*pb, &*sb, &*fb);
         let (lat, rd, inter) = (lay.latent_dim as u32, lay.rope_dim as u32, rope.interleaved as i32);
-        let mut view = pool.data.slice_mut(layer * stride..(layer + 1) * stride);
-        let mut l = self.stream.launch_builder(self.func("store_kv"));
+        let kernel = if pool.bf16() { "store_kv_bf16" } else { "store_kv" };
+        let mut view = pool.layer_mut(layer);
+        let mut l = self.stream.launch_builder(self.func(kernel));
         l.arg(&mut view).arg(kv_a).arg(norm_w).arg(pb).arg(sb).arg(fb).arg(&lat).arg(&rd).arg(&eps).arg(&rope.attention_factor).arg(&inter);
         unsafe { l.launch(cfg(m, 0)) }.map_err(dev)?;
         Ok(())
@@ -556,11 +559,10 @@ impl CudaBackend {
             return self.mla_split(a, tables);
         }
         let l = pool.layout;
-        let stride = l.num_pages * l.page_size * l.width();
-        let view = pool.data.slice(layer * stride..(layer + 1) * stride);
+        let view = pool.layer(layer);
         let mut out = self.out(rows.len() * heads * l.latent_dim)?;
         let (h, lat, rd, ps) = (heads as u32, l.latent_dim as u32, l.rope_dim as u32, l.page_size as u32);
-        let mut b = self.stream.launch_builder(self.func("mla_attention"));
+        let mut b = self.stream.launch_builder(self.func(if pool.bf16() { "mla_attention_bf16" } else { "mla_attention" }));
         b.arg(&view).arg(q_lat).arg(q_pe).arg(tables[0]).arg(tables[1]).arg(tables[2]).arg(&mut out).arg(&h).arg(&lat).arg(&rd).arg(&ps).arg(&scale);
         unsafe { b.launch(cfg(rows.len() * heads, (l.width() * 4) as u32)) }.map_err(dev)?;
         Ok(out)

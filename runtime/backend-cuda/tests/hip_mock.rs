@@ -12,7 +12,7 @@
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use weft_backend::cpu::CpuBackend;
-use weft_backend::{AttnRow, Backend, HostMatrix, KvLayout, RopeParams, WeightDtype};
+use weft_backend::{AttnRow, Backend, HostMatrix, KvDtype, KvLayout, RopeParams, WeightDtype};
 use weft_cuda::CudaBackend;
 
 fn mock() -> CudaBackend {
@@ -129,28 +129,46 @@ fn linears_on_every_hip_path_match_cpu() {
 
 /// MLA decode attention for the head counts Kimi/DeepSeek leave per GPU under tensor
 /// parallelism (and 20: two groups of 10), one decode row and three query rows of one sequence
-/// (verification).
+/// (verification); over an f32 and a bf16 latent cache.
 #[test]
 fn mla_attention_for_8_12_16_20_heads() {
     let (g, c) = (mock(), CpuBackend::new());
     let mut r = Rng(5);
     let (rd, latent, n) = (64, 512, 300usize);
-    let layout = KvLayout { layers: 1, num_pages: 8, page_size: 64, latent_dim: latent, rope_dim: rd };
-    let (mut pg, mut pc) = (g.alloc_kv_pool(layout).unwrap(), c.alloc_kv_pool(layout).unwrap());
-    let table: Vec<u32> = (0..n.div_ceil(64) as u32).rev().collect();
-    let kv = r.vec(n * (latent + rd), 2.0);
-    let pos: Vec<u32> = (0..n as u32).collect();
-    let slots: Vec<u32> = (0..n).map(|t| table[t / 64] * 64 + (t % 64) as u32).collect();
-    let rp = RopeParams { inv_freq: (0..rd / 2).map(|i| 50000f32.powf(-(2.0 * i as f32) / rd as f32)).collect(), attention_factor: 1.0, interleaved: true };
-    let norm_w = r.vec(latent, 1.0);
-    g.mla_store_kv(&mut pg, 0, &g.upload(&kv).unwrap(), &g.upload(&norm_w).unwrap(), 1e-6, &pos, &slots, &rp).unwrap();
-    c.mla_store_kv(&mut pc, 0, &kv, &norm_w, 1e-6, &pos, &slots, &rp).unwrap();
-    for heads in [8usize, 12, 16, 20] {
-        for ctxs in [vec![n], vec![n - 2, n - 1, n]] {
-            let rows: Vec<AttnRow<'_>> = ctxs.iter().map(|&c| AttnRow { block_table: &table, ctx_len: c }).collect();
-            let (q_lat, q_pe) = (r.vec(rows.len() * heads * latent, 0.5), r.vec(rows.len() * heads * rd, 0.5));
-            let got = g.download(&g.mla_attention(&pg, 0, &g.upload(&q_lat).unwrap(), &g.upload(&q_pe).unwrap(), heads, &rows, 0.06).unwrap()).unwrap();
-            check(&format!("mla {heads} heads x {} rows", rows.len()), &got, &c.mla_attention(&pc, 0, &q_lat, &q_pe, heads, &rows, 0.06).unwrap(), 1e-4);
+    for dtype in [KvDtype::F32, KvDtype::Bf16] {
+        let layout = KvLayout { layers: 1, num_pages: 8, page_size: 64, latent_dim: latent, rope_dim: rd, dtype };
+        let (mut pg, mut pc) = (g.alloc_kv_pool(layout).unwrap(), c.alloc_kv_pool(layout).unwrap());
+        let table: Vec<u32> = (0..n.div_ceil(64) as u32).rev().collect();
+        let kv = r.vec(n * (latent + rd), 2.0);
+        let pos: Vec<u32> = (0..n as u32).collect();
+        let slots: Vec<u32> = (0..n).map(|t| table[t / 64] * 64 + (t % 64) as u32).collect();
+        let rp = RopeParams { inv_freq: (0..rd / 2).map(|i| 50000f32.powf(-(2.0 * i as f32) / rd as f32)).collect(), attention_factor: 1.0, interleaved: true };
+        let norm_w = r.vec(latent, 1.0);
+        g.mla_store_kv(&mut pg, 0, &g.upload(&kv).unwrap(), &g.upload(&norm_w).unwrap(), 1e-6, &pos, &slots, &rp).unwrap();
+        c.mla_store_kv(&mut pc, 0, &kv, &norm_w, 1e-6, &pos, &slots, &rp).unwrap();
+        let words = g.download(&pg.data).unwrap();
+        let stored: Vec<f32> = match dtype {
+            KvDtype::F32 => words,
+            KvDtype::Bf16 => words.iter().flat_map(|w| [f32::from_bits(w.to_bits() << 16), f32::from_bits(w.to_bits() & 0xffff_0000)]).collect(),
+        };
+        // bf16: a value may round one unit (2^-8) apart where the two sides' f32 results straddle a tie.
+        check(&format!("store_kv ({dtype:?})"), &stored, &pc.data, if dtype == KvDtype::F32 { 1e-5 } else { 8e-3 });
+        // ... and only there: nearly every value rounds the same (a rounding mode bug would not).
+        let same = stored.iter().zip(&pc.data).filter(|(a, b)| a == b).count() as f64 / stored.len() as f64;
+        assert!(dtype == KvDtype::F32 || same > 0.98, "bf16 store: only {:.1} % of values equal the CPU's", 100.0 * same);
+        eprintln!("store_kv ({dtype:?}): {:.2} % of values identical", 100.0 * same);
+        if dtype == KvDtype::Bf16 {
+            // Attention on both sides over the same (CPU-stored) values.
+            let words: Vec<f32> = pc.data.chunks(2).map(|v| f32::from_bits((v[0].to_bits() >> 16) | (v[1].to_bits() & 0xffff_0000))).collect();
+            g.stream.memcpy_htod(&words, &mut pg.data).unwrap();
+        }
+        for heads in [8usize, 12, 16, 20] {
+            for ctxs in [vec![n], vec![n - 2, n - 1, n]] {
+                let rows: Vec<AttnRow<'_>> = ctxs.iter().map(|&c| AttnRow { block_table: &table, ctx_len: c }).collect();
+                let (q_lat, q_pe) = (r.vec(rows.len() * heads * latent, 0.5), r.vec(rows.len() * heads * rd, 0.5));
+                let got = g.download(&g.mla_attention(&pg, 0, &g.upload(&q_lat).unwrap(), &g.upload(&q_pe).unwrap(), heads, &rows, 0.06).unwrap()).unwrap();
+                check(&format!("mla ({dtype:?} cache) {heads} heads x {} rows", rows.len()), &got, &c.mla_attention(&pc, 0, &q_lat, &q_pe, heads, &rows, 0.06).unwrap(), 1e-4);
+            }
         }
     }
 }

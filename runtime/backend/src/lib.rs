@@ -57,8 +57,46 @@ pub struct RopeParams {
     pub interleaved: bool,
 }
 
+/// Element type of the cached latent vectors. `Bf16` halves the bytes every decode step reads
+/// and doubles the tokens a pool holds; values are rounded to bf16 when stored (attention
+/// still computes in f32). The CPU backend stores f32 values rounded the same way, so it stays
+/// the reference for either type. Ordinary-attention (GQA) pools are f32 only.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvDtype {
+    #[default]
+    F32,
+    Bf16,
+}
+
+impl KvDtype {
+    pub fn size(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::Bf16 => 2,
+        }
+    }
+
+    /// `f32` or `bf16` (as `--kv-cache-dtype` takes it).
+    pub fn parse(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "f32" | "float32" => Ok(KvDtype::F32),
+            "bf16" | "bfloat16" => Ok(KvDtype::Bf16),
+            other => Err(format!("KV cache dtype {other:?}: expected f32 or bf16")),
+        }
+    }
+
+    /// `x` as this type stores it (bf16: round to nearest even, NaN kept).
+    pub fn round(self, x: f32) -> f32 {
+        match self {
+            KvDtype::F32 => x,
+            KvDtype::Bf16 => half::bf16::from_f32(x).to_f32(),
+        }
+    }
+}
+
 /// Shape of the paged latent KV pool: per layer, per token, one vector of
-/// `latent_dim` (kv_lora_rank, normalized) followed by `rope_dim` (roped shared key).
+/// `latent_dim` (kv_lora_rank, normalized) followed by `rope_dim` (roped shared key), each
+/// value a `dtype`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvLayout {
     pub layers: usize,
@@ -66,27 +104,29 @@ pub struct KvLayout {
     pub page_size: usize,
     pub latent_dim: usize,
     pub rope_dim: usize,
+    pub dtype: KvDtype,
 }
 
 impl KvLayout {
     pub fn width(&self) -> usize {
         self.latent_dim + self.rope_dim
     }
-    pub fn bytes_per_page_f32(&self) -> usize {
-        self.layers * self.page_size * self.width() * 4
+    /// Bytes of one page over all layers (what sizing the pool from free memory divides by).
+    pub fn bytes_per_page(&self) -> usize {
+        self.layers * self.page_size * self.width() * self.dtype.size()
     }
     /// A pool of ordinary attention's keys and values (`Backend::kv_store`,
     /// `Backend::gqa_attention`): per layer, per entry, `kv_heads · head_dim` key values then
     /// as many value values.
     pub fn gqa(layers: usize, num_pages: usize, page_size: usize, kv_heads: usize, head_dim: usize) -> Self {
-        KvLayout { layers, num_pages, page_size, latent_dim: 2 * kv_heads * head_dim, rope_dim: 0 }
+        KvLayout { layers, num_pages, page_size, latent_dim: 2 * kv_heads * head_dim, rope_dim: 0, dtype: KvDtype::F32 }
     }
 }
 
 /// Checks a [`Backend::gqa_attention`] call against its pool; returns the head dimension.
 pub fn check_gqa(pool: KvLayout, layer: usize, q_len: usize, heads: usize, kv_heads: usize, rows: &[AttnRow<'_>]) -> Result<usize> {
     let bad = |reason: String| BackendError::Shape { op: "gqa_attention", reason };
-    if kv_heads == 0 || heads % kv_heads != 0 || pool.rope_dim != 0 || pool.latent_dim % (2 * kv_heads) != 0 || layer >= pool.layers {
+    if kv_heads == 0 || heads % kv_heads != 0 || pool.rope_dim != 0 || pool.dtype != KvDtype::F32 || pool.latent_dim % (2 * kv_heads) != 0 || layer >= pool.layers {
         return Err(bad(format!("{heads} heads over {kv_heads} key/value heads, layer {layer}, pool {pool:?}")));
     }
     let d = pool.latent_dim / (2 * kv_heads);
@@ -108,7 +148,7 @@ pub fn check_gqa(pool: KvLayout, layer: usize, q_len: usize, heads: usize, kv_he
 pub fn check_kv_store(pool: KvLayout, layer: usize, k_len: usize, v_len: usize, slots: &[u32]) -> Result<usize> {
     let kw = pool.latent_dim / 2;
     let m = slots.len();
-    if pool.rope_dim != 0 || kw == 0 || k_len != m * kw || v_len != m * kw || layer >= pool.layers {
+    if pool.rope_dim != 0 || pool.dtype != KvDtype::F32 || kw == 0 || k_len != m * kw || v_len != m * kw || layer >= pool.layers {
         return Err(BackendError::Shape { op: "kv_store", reason: format!("{k_len}/{v_len} values for {m} slots of width {kw}, layer {layer}") });
     }
     if let Some(bad) = slots.iter().find(|&&s| s as usize >= pool.num_pages * pool.page_size) {
@@ -302,5 +342,22 @@ pub trait Backend: Send + Sync + 'static {
     /// Selected `dim`-wide rows of `x` on the host, in the order given.
     fn download_rows(&self, x: &Self::Buf, dim: usize, rows: &[u32]) -> Result<Vec<f32>> {
         self.download(&self.gather_rows(x, dim, rows)?)
+    }
+}
+
+#[cfg(test)]
+mod kv_dtype_tests {
+    use super::KvDtype;
+
+    #[test]
+    fn kv_dtype_parses_sizes_and_rounds() {
+        assert_eq!(KvDtype::parse("bf16"), Ok(KvDtype::Bf16));
+        assert_eq!(KvDtype::parse("f32"), Ok(KvDtype::F32));
+        assert!(KvDtype::parse("fp8").unwrap_err().contains("expected f32 or bf16"));
+        assert_eq!((KvDtype::F32.size(), KvDtype::Bf16.size()), (4, 2));
+        // 1 + 2^-8 is a tie between 1 and 1 + 2^-7: to even (1); 1 + 3·2^-9 rounds up.
+        assert_eq!(KvDtype::Bf16.round(1.0 + 1.0 / 256.0), 1.0);
+        assert_eq!(KvDtype::Bf16.round(1.0 + 3.0 / 512.0), 1.0 + 1.0 / 128.0);
+        assert_eq!(KvDtype::F32.round(0.1), 0.1);
     }
 }

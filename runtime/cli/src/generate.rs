@@ -59,6 +59,9 @@ pub struct GenerateArgs {
     /// shapes, for benchmarks; the tokenizer comes from the demo model when DIR has none).
     #[arg(long, default_value = "safetensors")]
     load_format: String,
+    /// Element type of the latent KV cache: f32 or bf16 (as `weft serve`).
+    #[arg(long, default_value = "f32", value_parser = weft_backend::KvDtype::parse)]
+    kv_cache_dtype: weft_backend::KvDtype,
 }
 
 fn logprob_map(lp: &[(u32, f64)]) -> Value {
@@ -88,12 +91,13 @@ pub fn run(a: GenerateArgs) -> Result<()> {
 fn run_on<B: Backend>(a: GenerateArgs, backend: B) -> Result<()> {
     let dir = a.model.clone().unwrap_or_else(crate::default_model_dir);
     let t0 = std::time::Instant::now();
-    let lm = match a.load_format.as_str() {
+    let mut lm = match a.load_format.as_str() {
         "safetensors" | "auto" => LoadedModel::open_with(&dir, backend, LoadOptions { mtp: false, ..Default::default() }),
         "dummy" => LoadedModel::open_dummy_with(&dir, backend, &crate::default_model_dir(), LoadOptions { mtp: false, ..Default::default() }),
         other => bail!("--load-format {other}: expected safetensors or dummy"),
     }
     .with_context(|| format!("loading model from {}", dir.display()))?;
+    lm.model.set_kv_dtype(a.kv_cache_dtype);
     tracing::info!(secs = t0.elapsed().as_secs_f64(), "model loaded");
 
     let prompt_ids = match (&a.prompt, &a.prompt_ids) {

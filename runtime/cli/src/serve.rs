@@ -39,6 +39,10 @@ pub struct ServeArgs {
     /// Tokens per KV page.
     #[arg(long, default_value_t = 64)]
     page_size: usize,
+    /// Element type of the latent KV cache: f32, or bf16 (half the bytes each decode step
+    /// reads, twice the tokens per GiB; values rounded to bf16 when stored).
+    #[arg(long, default_value = "f32", value_parser = weft_backend::KvDtype::parse)]
+    kv_cache_dtype: weft_backend::KvDtype,
     /// Tokens per forward pass (decodes plus prefill chunks).
     #[arg(long, default_value_t = 512)]
     token_budget: usize,
@@ -180,7 +184,7 @@ fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String, second: impl Fn() 
     let name = a.served_model_name.clone().unwrap_or_else(|| std::fs::canonicalize(&dir).ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())).unwrap_or_else(|| "weft".into()));
     // The checkpoint's MTP layers take memory only when they draft.
     let opts = LoadOptions { mtp: a.speculative.as_deref() == Some("mtp"), expert_parallel: a.expert_parallel };
-    let lm = match (a.load_format.as_str(), group) {
+    let mut lm = match (a.load_format.as_str(), group) {
         ("safetensors" | "auto", Some((followers, ranks))) => LoadedModel::open_tensor_parallel_group(&dir, opts, std::iter::once(backend).chain(followers).collect(), ranks),
         ("safetensors" | "auto", None) if a.tensor_parallel > 1 => {
             LoadedModel::open_tensor_parallel(&dir, a.tensor_parallel, opts, backend, |_| second().map_err(|e| weft_backend::BackendError::Device(format!("{e:#}"))))
@@ -190,6 +194,7 @@ fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String, second: impl Fn() 
         (other, _) => bail!("--load-format {other}: expected safetensors or dummy"),
     }
     .with_context(|| format!("loading model from {}", dir.display()))?;
+    lm.model.set_kv_dtype(a.kv_cache_dtype);
     let tdir = if dir.join("tokenizer.json").exists() { dir.clone() } else { crate::default_model_dir() };
     let tokenizer = Arc::new(TextTokenizer::from_dir(&tdir)?);
     let defaults = lm.defaults.clone();
@@ -267,9 +272,9 @@ fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String, second: impl Fn() 
             let (free, total) = lm.model.backend.memory_info().with_context(|| format!("--kv-memory-fraction: the {} backend cannot report its memory; use --num-pages", lm.model.backend.name()))?;
             // A draft model's cache gets as many pages as the target's; every tensor-parallel
             // rank holds a whole latent pool on this device.
-            let per_page = lm.model.kv_layout(1, a.page_size).bytes_per_page_f32() * a.tensor_parallel
-                + draft.as_ref().map_or(0, |d| d.model.kv_layout(1, a.page_size).bytes_per_page_f32())
-                + dflash.as_ref().map_or(0, |d| d.kv_layout(1, a.page_size).bytes_per_page_f32());
+            let per_page = lm.model.kv_layout(1, a.page_size).bytes_per_page() * a.tensor_parallel
+                + draft.as_ref().map_or(0, |d| d.model.kv_layout(1, a.page_size).bytes_per_page())
+                + dflash.as_ref().map_or(0, |d| d.kv_layout(1, a.page_size).bytes_per_page());
             let budget = (total as f64 * f) as i64 - (total - free) as i64;
             let n = budget.max(0) as usize / per_page;
             if n == 0 {

@@ -8,7 +8,7 @@ use crate::config::ModelConfig;
 use crate::weights::{FeedForward, LayerWeights, ModelWeights, QueryProj};
 use std::sync::Arc;
 pub use weft_backend::StepBatch;
-use weft_backend::{Backend, Collective, KvLayout, Result, RopeParams, RouterConfig};
+use weft_backend::{Backend, Collective, KvDtype, KvLayout, Result, RopeParams, RouterConfig};
 
 /// A loaded model bound to its backend.
 pub struct DeepseekV3<B: Backend> {
@@ -26,6 +26,8 @@ pub struct DeepseekV3<B: Backend> {
     group: Option<Arc<dyn Collective<B>>>,
     /// On rank 0 of a group run from one process: the other ranks, which run every step too.
     followers: Option<crate::tp::Followers>,
+    /// Element type of the latent cache this model's pools hold (`--kv-cache-dtype`).
+    kv_dtype: KvDtype,
 }
 
 impl<B: Backend> DeepseekV3<B> {
@@ -41,7 +43,7 @@ impl<B: Backend> DeepseekV3<B> {
             routed_scaling_factor: cfg.routed_scaling_factor as f32,
         };
         let scale = cfg.softmax_scale() as f32;
-        DeepseekV3 { cfg, weights, backend, rope, router, scale, capture: vec![], group: None, followers: None }
+        DeepseekV3 { cfg, weights, backend, rope, router, scale, capture: vec![], group: None, followers: None, kv_dtype: KvDtype::F32 }
     }
 
     /// Makes this model rank `group.rank()` of a tensor-parallel group: its weights must be
@@ -66,7 +68,7 @@ impl<B: Backend> DeepseekV3<B> {
     /// this model drives, so that page numbers mean the same everywhere.
     pub fn alloc_kv_pool(&self, num_pages: usize, page_size: usize) -> Result<B::KvPool> {
         if let Some(f) = &self.followers {
-            f.alloc_pools(num_pages, page_size).map_err(|e| weft_backend::BackendError::Device(format!("tensor-parallel ranks: {e}")))?;
+            f.alloc_pools(num_pages, page_size, self.kv_dtype).map_err(|e| weft_backend::BackendError::Device(format!("tensor-parallel ranks: {e}")))?;
         }
         self.backend.alloc_kv_pool(self.kv_layout(num_pages, page_size))
     }
@@ -86,7 +88,16 @@ impl<B: Backend> DeepseekV3<B> {
 
     /// The latent pool layout for `num_pages` pages of `page_size` tokens.
     pub fn kv_layout(&self, num_pages: usize, page_size: usize) -> KvLayout {
-        KvLayout { layers: self.cfg.num_hidden_layers, num_pages, page_size, latent_dim: self.cfg.kv_lora_rank, rope_dim: self.cfg.qk_rope_head_dim }
+        KvLayout { layers: self.cfg.num_hidden_layers, num_pages, page_size, latent_dim: self.cfg.kv_lora_rank, rope_dim: self.cfg.qk_rope_head_dim, dtype: self.kv_dtype }
+    }
+
+    /// Stores the latent cache of pools allocated from now on as `dtype` (f32 by default).
+    pub fn set_kv_dtype(&mut self, dtype: KvDtype) {
+        self.kv_dtype = dtype;
+    }
+
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
     }
 
     /// Makes [`Self::forward_hidden`] also return the outputs of decoder `layers` — what

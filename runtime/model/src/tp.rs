@@ -27,7 +27,7 @@ impl OwnedBatch {
 }
 
 enum Msg {
-    Pool { num_pages: usize, page_size: usize, reply: Sender<Result<(), String>> },
+    Pool { num_pages: usize, page_size: usize, dtype: weft_backend::KvDtype, reply: Sender<Result<(), String>> },
     Step(OwnedBatch),
 }
 
@@ -50,14 +50,15 @@ impl Followers {
         Ok(Followers { senders, threads })
     }
 
-    /// Every follower allocates its latent pool of `num_pages` pages of `page_size` tokens.
-    pub fn alloc_pools(&self, num_pages: usize, page_size: usize) -> Result<(), String> {
+    /// Every follower allocates its latent pool of `num_pages` pages of `page_size` tokens of
+    /// `dtype` values.
+    pub fn alloc_pools(&self, num_pages: usize, page_size: usize, dtype: weft_backend::KvDtype) -> Result<(), String> {
         let replies: Vec<Receiver<Result<(), String>>> = self
             .senders
             .iter()
             .map(|s| {
                 let (reply, rx) = channel();
-                s.send(Msg::Pool { num_pages, page_size, reply }).map(|()| rx).map_err(|_| "a tensor-parallel rank has exited".to_string())
+                s.send(Msg::Pool { num_pages, page_size, dtype, reply }).map(|()| rx).map_err(|_| "a tensor-parallel rank has exited".to_string())
             })
             .collect::<Result<_, _>>()?;
         for (i, r) in replies.into_iter().enumerate() {
@@ -91,8 +92,8 @@ fn follow<B: Backend>(lm: LoadedModel<B>, rx: Receiver<Msg>) {
     let mut pool: Option<B::KvPool> = None;
     for msg in rx {
         match msg {
-            Msg::Pool { num_pages, page_size, reply } => {
-                let r = m.backend.alloc_kv_pool(m.kv_layout(num_pages, page_size)).map(|p| pool = Some(p)).map_err(|e| e.to_string());
+            Msg::Pool { num_pages, page_size, dtype, reply } => {
+                let r = m.backend.alloc_kv_pool(weft_backend::KvLayout { dtype, ..m.kv_layout(num_pages, page_size) }).map(|p| pool = Some(p)).map_err(|e| e.to_string());
                 let _ = reply.send(r);
             }
             Msg::Step(b) => {

@@ -46,6 +46,9 @@ pub(crate) fn store_kv(layer: &mut [f32], l: KvLayout, kv_a: &[f32], norm_w: &[f
         let (lat, pe) = dst.split_at_mut(l.latent_dim);
         rms_norm_row(&row[..l.latent_dim], norm_w, eps, lat);
         rope_into(&row[l.latent_dim..], positions[i], rope, pe);
+        if l.dtype != crate::KvDtype::F32 {
+            dst.iter_mut().for_each(|v| *v = l.dtype.round(*v));
+        }
     }
 }
 
