@@ -451,6 +451,9 @@ fn mla_attention_head_counts_and_single_rows() {
     let c = CpuBackend::new();
     let mut r = Rng(6);
     let (rd, latent) = (64, 512);
+    // both kernels: tensor cores (the default where there are any) and CUDA cores, for each
+    // cache type (decided once: the loop below leaves `mla_mma` off)
+    let kernels = if g.mla_mma { vec![true, false] } else { vec![false] };
     for dtype in [KvDtype::F32, KvDtype::Bf16] {
         let layout = KvLayout { layers: 1, num_pages: 40, page_size: 64, latent_dim: latent, rope_dim: rd, dtype };
         let (mut pg, mut pc) = (g.alloc_kv_pool(layout).unwrap(), c.alloc_kv_pool(layout).unwrap());
@@ -460,9 +463,7 @@ fn mla_attention_head_counts_and_single_rows() {
         share_bf16_cache(&g, &mut pg, &pc);
         // the head counts tensor parallelism leaves per GPU (and 20, 40: uneven groups); one decode row, and 3 query rows of one
         // sequence (speculative verification)
-        // both kernels: tensor cores (the default where there are any) and CUDA cores
-        let kernels = if g.mla_mma { vec![true, false] } else { vec![false] };
-        for mma in kernels {
+        for &mma in &kernels {
             g.mla_mma = mma;
             for heads in [8usize, 12, 16, 20, 40, 64, 128] {
                 for ctxs in [vec![n], vec![n - 2, n - 1, n], vec![1, 17, 40, 65]] {
