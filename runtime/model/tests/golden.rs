@@ -76,3 +76,34 @@ fn golden_fixtures_match_transformers_float64() {
         check_fixture(&dir);
     }
 }
+
+/// A bf16 latent cache (`set_kv_dtype`) reaches the CPU backend's store: prompt log-probabilities
+/// move off the f32 cache's (the rounding happened) and stay within bf16 tolerance of the float64
+/// reference.
+#[test]
+fn golden_fixtures_with_a_bf16_latent_cache() {
+    for dir in fixtures() {
+        let name = dir.file_name().unwrap().to_string_lossy().to_string();
+        let mut lm = LoadedModel::open(&dir, CpuBackend::new()).unwrap();
+        let reference: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+        let (mut from_ref, mut from_f32) = (0f64, 0f64);
+        for case in reference["cases"].as_array().unwrap().iter().take(2) {
+            let prompt: Vec<u32> = case["prompt_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+            let req = GenerateRequest { prompt_ids: prompt.clone(), max_tokens: 1, params: SamplingParams { temperature: 0.0, ..Default::default() }, logprobs: Some(1), stop_ids: vec![] };
+            let mut runs = vec![];
+            for dtype in [weft_backend::KvDtype::F32, weft_backend::KvDtype::Bf16] {
+                lm.model.set_kv_dtype(dtype);
+                let out = generate(&lm.model, &req).unwrap();
+                runs.push((1..prompt.len()).map(|i| out.prompt_logprobs[i].as_ref().unwrap().iter().find(|(id, _)| *id == prompt[i]).unwrap().1).collect::<Vec<f64>>());
+            }
+            let plp = case["prompt_logprobs"].as_array().unwrap();
+            for (i, (&a, &b)) in runs[0].iter().zip(&runs[1]).enumerate() {
+                from_ref = from_ref.max((b - plp[i + 1]["token"].as_f64().unwrap()).abs());
+                from_f32 = from_f32.max((b - a).abs());
+            }
+        }
+        eprintln!("{name}: bf16 latent cache, worst prompt logprob error {from_ref:.2e} (from the f32 cache's: {from_f32:.2e})");
+        assert!(from_f32 > 1e-6, "{name}: the bf16 cache changed nothing ({from_f32:e}): was it used?");
+        assert!(from_ref < 5e-2, "{name}: bf16 cache logprob error {from_ref} above 5e-2");
+    }
+}
