@@ -129,10 +129,11 @@ fn linears_on_every_hip_path_match_cpu() {
 
 /// MLA decode attention for the head counts Kimi/DeepSeek leave per GPU under tensor
 /// parallelism (and 20: two groups of 10), one decode row and three query rows of one sequence
-/// (verification); over an f32 and a bf16 latent cache.
+/// (verification); over an f32 and a bf16 latent cache; each also through the single-pass
+/// kernel that shapes outside the split kernel take (`slow_paths`).
 #[test]
 fn mla_attention_for_8_12_16_20_heads() {
-    let (g, c) = (mock(), CpuBackend::new());
+    let (mut g, c) = (mock(), CpuBackend::new());
     let mut r = Rng(5);
     let (rd, latent, n) = (64, 512, 300usize);
     for dtype in [KvDtype::F32, KvDtype::Bf16] {
@@ -166,8 +167,13 @@ fn mla_attention_for_8_12_16_20_heads() {
             for ctxs in [vec![n], vec![n - 2, n - 1, n]] {
                 let rows: Vec<AttnRow<'_>> = ctxs.iter().map(|&c| AttnRow { block_table: &table, ctx_len: c }).collect();
                 let (q_lat, q_pe) = (r.vec(rows.len() * heads * latent, 0.5), r.vec(rows.len() * heads * rd, 0.5));
-                let got = g.download(&g.mla_attention(&pg, 0, &g.upload(&q_lat).unwrap(), &g.upload(&q_pe).unwrap(), heads, &rows, 0.06).unwrap()).unwrap();
-                check(&format!("mla ({dtype:?} cache) {heads} heads x {} rows", rows.len()), &got, &c.mla_attention(&pc, 0, &q_lat, &q_pe, heads, &rows, 0.06).unwrap(), 1e-4);
+                let want = c.mla_attention(&pc, 0, &q_lat, &q_pe, heads, &rows, 0.06).unwrap();
+                for slow in [false, true] {
+                    g.slow_paths = slow;
+                    let got = g.download(&g.mla_attention(&pg, 0, &g.upload(&q_lat).unwrap(), &g.upload(&q_pe).unwrap(), heads, &rows, 0.06).unwrap()).unwrap();
+                    check(&format!("mla ({dtype:?} cache{}) {heads} heads x {} rows", if slow { ", single pass" } else { "" }, rows.len()), &got, &want, 1e-4);
+                }
+                g.slow_paths = false;
             }
         }
     }
