@@ -455,12 +455,7 @@ __device__ __forceinline__ void mla_mma_body(const C* layer, const float* q_lat,
         {
             // Even and odd k steps accumulate apart (two independent mma chains per n-tile).
             float s[2][NJ][4];
-#pragma unroll
-            for (int c = 0; c < 2; c++)
-#pragma unroll
-                for (int j = 0; j < NJ; j++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) s[c][j][i] = 0.f;
+            zero_acc<NJ>(s);
 #pragma unroll
             for (int i = 0; i < KS; i++) {
                 if (ks0 + i < ks1) {

@@ -29,7 +29,7 @@ __device__ __forceinline__ void kv_st(u16* p, float v) { *p = f32_to_bf16(v); }
 __device__ __forceinline__ float4 kv_ld4(const float* p) { return *(const float4*)p; }
 __device__ __forceinline__ float4 kv_ld4(const u16* p) {
     const uint2 u = *(const uint2*)p;
-    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+    return make_float4(bf16_to_f32((u16)u.x), bf16_to_f32((u16)(u.x >> 16)), bf16_to_f32((u16)u.y), bf16_to_f32((u16)(u.y >> 16)));
 }
 
 // Sum / max over the block; `sh` holds blockDim.x floats. Every thread gets the result.

@@ -381,7 +381,7 @@ fn keep_pool_memory(ctx: &CudaContext) {
 /// does when it starts. Needs only NVRTC, no GPU (the compile test runs it for every target).
 pub fn compile_kernels(arch: &'static str) -> Result<cudarc::nvrtc::Ptx> {
     let mut options = vec!["--std=c++17".to_string()];
-    // Kernel variants for comparisons: `WEFT_CUDA_KERNEL_DEFINES=WEFT_PDL_EARLY,WEFT_MLA_BF16_STAGES=3`.
+    // Kernel variants for comparisons: `WEFT_CUDA_KERNEL_DEFINES=WEFT_PDL_EARLY,WEFT_FP8_SOFT` (NAME or NAME=VALUE).
     if let Ok(defs) = std::env::var("WEFT_CUDA_KERNEL_DEFINES") {
         options.extend(defs.split(',').filter(|d| !d.is_empty() && d.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '=')).map(|d| format!("-D{d}")));
     }

@@ -43,10 +43,10 @@ pub(crate) struct MlaArgs<'a> {
 
 /// `mla_decode_mma`'s tile (tokens), warps, and the widest latent its warps cover.
 const MMA_TILE: usize = 32;
-/// Tile buffers of `mla_decode_mma` (`S` in mla.cu, both caches).
-const MMA_STAGES: usize = 2;
 const MMA_WARPS: usize = 16;
 const MMA_MAX_LATENT: usize = 512;
+/// Tile buffers of `mla_decode_mma` (`S` in mla.cu, both caches).
+const MMA_STAGES: usize = 2;
 
 /// Bytes per shared-memory row of `mla_decode_mma`'s tiles (`mlt_stride` in mla.cu): f32 rows
 /// of ≡ 20 words (mod 32), bf16 rows of ≡ 4 words (mod 32), for conflict-free fragment reads.
@@ -79,7 +79,7 @@ impl CudaBackend {
     }
 
     /// Whether the tensor-core kernel takes this layout: whole 16-column steps, latent columns
-    /// in whole 8-column tiles within 8 warps × 64, a width of at most 4 × 9 steps.
+    /// in whole 8-column tiles within 16 warps × 32, a width of at most 4 × 9 steps.
     fn mla_mma_fits(&self, pool: &CudaKvPool) -> bool {
         let l = pool.layout;
         let w = l.width();

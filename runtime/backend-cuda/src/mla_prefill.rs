@@ -219,7 +219,7 @@ impl CudaBackend {
         // The other rows' block tables, their offsets, lengths and places: one upload.
         let [bt, off, ctx] = crate::graphs::pack_tables(&sub);
         let (nb, no) = (bt.len(), off.len());
-        let packed = self.up_u32(&[bt, off, ctx, others.clone()].concat())?;
+        let packed = self.up_u32(&[&bt[..], &off, &ctx, &others].concat())?;
         let (bt, off, ctx, idx) = (packed.slice(..nb), packed.slice(nb..nb + no), packed.slice(nb + no..nb + 2 * no), packed.slice(nb + 2 * no..));
         let o = self.mla_kernels(MlaArgs { q_lat: &ql, q_pe: &qp, rows: &sub, ..a }, [&bt, &off, &ctx])?;
         let d = width as u32;

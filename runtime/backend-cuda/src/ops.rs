@@ -268,7 +268,7 @@ impl Backend for CudaBackend {
         if layout.dtype != weft_backend::KvDtype::F32 && (layout.width() % 2 != 0 || layout.rope_dim == 0) {
             return Err(shape("alloc_kv_pool", format!("a {:?} cache is for MLA latents of even width, not {layout:?}", layout.dtype)));
         }
-        let n = layout.layers * layout.num_pages * layout.page_size * layout.width() * layout.dtype.size() / 4;
+        let n = layout.num_pages * layout.bytes_per_page() / 4;
         Ok(CudaKvPool { layout, data: self.stream.alloc_zeros::<f32>(n.max(1)).map_err(dev)? })
     }
 
