@@ -361,6 +361,128 @@ __device__ __forceinline__ void mlt_load(C* buf, const C* layer, const u32* tabl
     cp_async_commit();
 }
 
+// What a block of the tensor-core decode kernels serves: row blockIdx.x / groups, heads
+// h0..h0 + hg of it, its split blockIdx.y's context range and the row's block table.
+struct MlaBlock {
+    u32 row, h0, hg, t_begin, t_end;
+    const u32* table;
+};
+__device__ __forceinline__ MlaBlock mla_block(u32 tile, const u32* ctx, const u32* bt, const u32* bt_off, u32 heads, u32 groups, u32 gsize, u32 chunk) {
+    MlaBlock b;
+    b.row = blockIdx.x / groups;
+    b.h0 = blockIdx.x % groups * gsize;
+    b.hg = min(gsize, heads - b.h0);
+    split_range(ctx[b.row], blockIdx.y, gridDim.y, tile, chunk, b.t_begin, b.t_end);
+    b.table = bt + bt_off[b.row];
+    return b;
+}
+
+// Online softmax over one tile for head sh (HT threads per head, E tokens each from column sc):
+// adds the KQ partial scores of each column (rows q · rstride + sh of `red`, RS floats each),
+// masks columns past `cnt` (and heads past `hg`: weight 0), updates the running max and sum,
+// and writes the rescale factor and the weights as two bf16 parts (rows of PS u16). Two weights
+// at a time where E is even (one cvt.rn.bf16x2 on NVIDIA).
+template <int E, int HT, int KQ, int RS, int PS>
+__device__ __forceinline__ void mla_tile_softmax(const float* red, u32 rstride, u32 sh, u32 sc, u32 cnt, u32 hg, float scale, float& m_run, float& l_run, float* corr, u16* phi, u16* plo) {
+    float v[E];
+    float mx = -WEFT_INF;
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+        const u32 c = sc + e;
+        float x = 0.f;
+#pragma unroll
+        for (int q = 0; q < KQ; q++) x += red[(q * rstride + sh) * RS + c];
+        v[e] = c < cnt ? x * scale : -WEFT_INF;
+        mx = fmaxf(mx, v[e]);
+    }
+#pragma unroll
+    for (int o = HT / 2; o > 0; o >>= 1) mx = fmaxf(mx, lane_xor(mx, o));
+    const float m_new = fmaxf(m_run, mx);
+    const float c = expf(m_run - m_new);
+    float p[E], sum = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+        p[e] = sh < hg ? expf(v[e] - m_new) : 0.f;
+        sum += p[e];
+    }
+#pragma unroll
+    for (int o = HT / 2; o > 0; o >>= 1) sum += lane_xor(sum, o);
+    l_run = l_run * c + sum;
+    m_run = m_new;
+    if (sc == 0) corr[sh] = c;
+    if (E % 2 == 0) {
+#pragma unroll
+        for (int e = 0; e < E; e += 2) {
+            u32 h2, l2;
+            split_bf16x2(p[e], p[e + 1 < E ? e + 1 : e], h2, l2);
+            *(u32*)(phi + sh * PS + sc + e) = h2;
+            *(u32*)(plo + sh * PS + sc + e) = l2;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            const u16 h = f32_to_bf16(p[e]);
+            phi[sh * PS + sc + e] = h;
+            plo[sh * PS + sc + e] = f32_to_bf16(p[e] - bf16_to_f32(h));
+        }
+    }
+}
+
+// The value pass of one tile for one m-tile (head rows r0 = its first row + g, and r0 + 8):
+// rescales this warp's accumulators (NT n-tiles of 8 latent columns from 8·NT·warp) by the
+// heads' factors, then adds weights (two bf16 parts, rows of PS) × the tile's latent columns.
+// C = u16: two n-tiles' B fragments per ldmatrix — 8×8 blocks (tokens 0-7 | 8-15 of the k
+// step) × (columns d0.. | d0 + 8..), transposed into the col layout; f32: each column split.
+template <int T, int NT, int PS, typename C>
+__device__ __forceinline__ void mla_tile_values(float (&acc)[NT][4], const C* kv, u32 ks, const u16* phi, const u16* plo, const float* corr, u32 r0, u32 warp, u32 latent) {
+    constexpr int CW = 8 * NT;
+    const u32 lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const float c0 = corr[r0], c1 = corr[r0 + 8];
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        acc[j][0] *= c0;
+        acc[j][1] *= c0;
+        acc[j][2] *= c1;
+        acc[j][3] *= c1;
+    }
+#pragma unroll
+    for (int kk = 0; kk < T / 16; kk++) {
+        const u32 tb = kk * 16 + 2 * t;
+        const u32 ah[4] = {*(const u32*)(phi + r0 * PS + tb), *(const u32*)(phi + (r0 + 8) * PS + tb), *(const u32*)(phi + r0 * PS + tb + 8), *(const u32*)(phi + (r0 + 8) * PS + tb + 8)};
+        const u32 al[4] = {*(const u32*)(plo + r0 * PS + tb), *(const u32*)(plo + (r0 + 8) * PS + tb), *(const u32*)(plo + r0 * PS + tb + 8), *(const u32*)(plo + (r0 + 8) * PS + tb + 8)};
+        if (sizeof(C) == 2) {
+#pragma unroll
+            for (int j = 0; j < NT; j += 2) {
+                const u32 d0 = CW * warp + 8 * j, mi = lane / 8;
+                if (d0 < latent) {
+                    u32 b[4];
+                    ldsm_x4_trans(b, kv + (kk * 16 + (mi & 1) * 8 + lane % 8) * ks + d0 + (mi >> 1) * 8);
+                    mma_bf16_16816(acc[j], ah[0], ah[1], ah[2], ah[3], b[0], b[1]);
+                    mma_bf16_16816(acc[j], al[0], al[1], al[2], al[3], b[0], b[1]);
+                    if (d0 + 8 < latent) {
+                        mma_bf16_16816(acc[j + 1], ah[0], ah[1], ah[2], ah[3], b[2], b[3]);
+                        mma_bf16_16816(acc[j + 1], al[0], al[1], al[2], al[3], b[2], b[3]);
+                    }
+                }
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                const u32 d0 = CW * warp + 8 * j;
+                if (d0 < latent) {
+                    const C* col = kv + tb * ks + d0 + g;
+                    u32 bh0, bl0, bh1, bl1;
+                    split_bf16x2(col[0], col[ks], bh0, bl0);
+                    split_bf16x2(col[8 * ks], col[9 * ks], bh1, bl1);
+                    mma_bf16_16816(acc[j], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+                    mma_bf16_16816(acc[j], al[0], al[1], al[2], al[3], bh0, bh1);
+                    mma_bf16_16816(acc[j], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+                }
+            }
+        }
+    }
+}
+
 // Dynamic shared memory: tiles [S][T][ks] of C, partial scores [W/2][16][T] f32, weights hi/lo
 // [16][T + 8] u16 each, per-head rescale [16] f32 (mla.rs: mla_mma_smem). T = 32 or 16 tokens
 // per tile, W = 8 or 16 warps (one variant is built: below).
@@ -383,13 +505,9 @@ __device__ __forceinline__ void mla_mma_body(const C* layer, const float* q_lat,
     static_assert(E >= 1 && NJ >= 1 && NT >= 2 && NT % 2 == 0, "tile and warp counts");
     WEFT_DYNAMIC_SHARED(float, smem);
     const u32 w = latent + rd, ks = mlt_stride<C>(w);
-    const u32 row = blockIdx.x / groups, h0 = blockIdx.x % groups * gsize;
-    const u32 hg = min(gsize, heads - h0);
-    const u32 nsplit = gridDim.y, split = blockIdx.y;
-    const u32 n = ctx[row];
-    u32 t_begin, t_end;
-    split_range(n, split, nsplit, T, chunk, t_begin, t_end);
-    const u32* table = bt + bt_off[row];
+    const MlaBlock B = mla_block(T, ctx, bt, bt_off, heads, groups, gsize, chunk);
+    const u32 row = B.row, h0 = B.h0, hg = B.hg, nsplit = gridDim.y, split = blockIdx.y, t_begin = B.t_begin, t_end = B.t_end;
+    const u32* table = B.table;
     C* tiles = (C*)smem;
     float* red = (float*)(tiles + S * T * ks);
     u16* phi = (u16*)(red + KQ * 16 * RS);
@@ -455,7 +573,7 @@ __device__ __forceinline__ void mla_mma_body(const C* layer, const float* q_lat,
         {
             // Even and odd k steps accumulate apart (two independent mma chains per n-tile).
             float s[2][NJ][4];
-            zero_acc<NJ>(s);
+            zero_acc(s);
 #pragma unroll
             for (int i = 0; i < KS; i++) {
                 if (ks0 + i < ks1) {
@@ -487,89 +605,9 @@ __device__ __forceinline__ void mla_mma_body(const C* layer, const float* q_lat,
             }
         }
         __syncthreads();
-        {
-            float v[E];
-            float mx = -WEFT_INF;
-#pragma unroll
-            for (int e = 0; e < E; e++) {
-                const u32 c = sc + e;
-                float x = 0.f;
-#pragma unroll
-                for (int q = 0; q < KQ; q++) x += red[(q * 16 + sh) * RS + c];
-                v[e] = c < cnt ? x * scale : -WEFT_INF;
-                mx = fmaxf(mx, v[e]);
-            }
-#pragma unroll
-            for (int o = HT / 2; o > 0; o >>= 1) mx = fmaxf(mx, lane_xor(mx, o));
-            const float m_new = fmaxf(m_run, mx);
-            const float c = expf(m_run - m_new);
-            float p[E], sum = 0.f;
-#pragma unroll
-            for (int e = 0; e < E; e++) {
-                p[e] = sh < hg ? expf(v[e] - m_new) : 0.f;
-                sum += p[e];
-            }
-#pragma unroll
-            for (int o = HT / 2; o > 0; o >>= 1) sum += lane_xor(sum, o);
-            l_run = l_run * c + sum;
-            m_run = m_new;
-            if (sc == 0) corr[sh] = c;
-#pragma unroll
-            for (int e = 0; e < E; e++) {
-                const u16 h = f32_to_bf16(p[e]);
-                phi[sh * PS + sc + e] = h;
-                plo[sh * PS + sc + e] = f32_to_bf16(p[e] - bf16_to_f32(h));
-            }
-        }
+        mla_tile_softmax<E, HT, KQ, RS, PS>(red, 16, sh, sc, cnt, hg, scale, m_run, l_run, corr, phi, plo);
         __syncthreads();
-        {
-            const float c0 = corr[g], c1 = corr[g + 8];
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-                acc[j][0] *= c0;
-                acc[j][1] *= c0;
-                acc[j][2] *= c1;
-                acc[j][3] *= c1;
-            }
-#pragma unroll
-            for (int kk = 0; kk < T / 16; kk++) {
-                const u32 tb = kk * 16 + 2 * t;
-                const u32 ah[4] = {*(const u32*)(phi + g * PS + tb), *(const u32*)(phi + (g + 8) * PS + tb), *(const u32*)(phi + g * PS + tb + 8), *(const u32*)(phi + (g + 8) * PS + tb + 8)};
-                const u32 al[4] = {*(const u32*)(plo + g * PS + tb), *(const u32*)(plo + (g + 8) * PS + tb), *(const u32*)(plo + g * PS + tb + 8), *(const u32*)(plo + (g + 8) * PS + tb + 8)};
-                if (BF) {
-                    // Two n-tiles' B fragments per ldmatrix: 8×8 blocks (tokens 0-7 | 8-15 of
-                    // the k step) × (columns d0.. | d0 + 8..), transposed into the col layout.
-#pragma unroll
-                    for (int j = 0; j < NT; j += 2) {
-                        const u32 d0 = CW * warp + 8 * j, mi = lane / 8;
-                        if (d0 < latent) {
-                            u32 b[4];
-                            ldsm_x4_trans(b, kv + (kk * 16 + (mi & 1) * 8 + lane % 8) * ks + d0 + (mi >> 1) * 8);
-                            mma_bf16_16816(acc[j], ah[0], ah[1], ah[2], ah[3], b[0], b[1]);
-                            mma_bf16_16816(acc[j], al[0], al[1], al[2], al[3], b[0], b[1]);
-                            if (d0 + 8 < latent) {
-                                mma_bf16_16816(acc[j + 1], ah[0], ah[1], ah[2], ah[3], b[2], b[3]);
-                                mma_bf16_16816(acc[j + 1], al[0], al[1], al[2], al[3], b[2], b[3]);
-                            }
-                        }
-                    }
-                } else {
-#pragma unroll
-                    for (int j = 0; j < NT; j++) {
-                        const u32 d0 = CW * warp + 8 * j;
-                        if (d0 < latent) {
-                            const C* col = kv + tb * ks + d0 + g;
-                            u32 bh0, bl0, bh1, bl1;
-                            split_bf16x2(col[0], col[ks], bh0, bl0);
-                            split_bf16x2(col[8 * ks], col[9 * ks], bh1, bl1);
-                            mma_bf16_16816(acc[j], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
-                            mma_bf16_16816(acc[j], al[0], al[1], al[2], al[3], bh0, bh1);
-                            mma_bf16_16816(acc[j], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
-                        }
-                    }
-                }
-            }
-        }
+        mla_tile_values<T, NT, PS>(acc, kv, ks, phi, plo, corr, g, warp, latent);
         __syncthreads();
     }
     const i64 part = ((i64)row * heads + h0) * nsplit + split;

@@ -53,10 +53,10 @@ __device__ __forceinline__ void split_bf16x2(float x, float y, u32& hi, u32& lo)
     lo = bf16x2(x - __uint_as_float(hi << 16), y - __uint_as_float(hi & 0xffff0000u));
 }
 
-template <int NTL>
-__device__ __forceinline__ void zero_acc(float (&acc)[2][NTL][4]) {
+template <int Q, int NTL>
+__device__ __forceinline__ void zero_acc(float (&acc)[Q][NTL][4]) {
 #pragma unroll
-    for (int q = 0; q < 2; q++)
+    for (int q = 0; q < Q; q++)
 #pragma unroll
         for (int j = 0; j < NTL; j++)
 #pragma unroll
@@ -96,7 +96,7 @@ __device__ __forceinline__ void mma_rows(WeightRef W, const u32 (&rb)[2], u32 co
         xok[j] = j * MMA_TOKENS + g < nt;
         xp[j] = x + (i64)(xok[j] ? xrow[j] : 0) * xstride;
     }
-    zero_acc<NTL>(acc);
+    zero_acc(acc);
     for (u32 c0 = c_begin; c0 < c_end; c0 += U * CH) {
         uint4 a[U][2][2];
 #pragma unroll
@@ -112,7 +112,7 @@ __device__ __forceinline__ void mma_rows(WeightRef W, const u32 (&rb)[2], u32 co
             u32 c = c0 + u * CH + V * t;
             if (c0 + u * CH >= c_end) break;
             float part[2][NTL][4];
-            if (FP8) zero_acc<NTL>(part);
+            if (FP8) zero_acc(part);
 #pragma unroll
             for (int s = 0; s < V / 4; s++) {
                 // k16 step s: this lane's activations 4s..4s+3 of each token column, each pair

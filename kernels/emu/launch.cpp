@@ -9,6 +9,7 @@
 #include "../moe.cu"
 #include "../mma.cu"
 #include "../mla.cu"
+#include "../mla_grouped.cu"
 #include "../dummy.cu"
 #include "../sample.cu"
 #include "../gemm.cu"

@@ -5,7 +5,9 @@
 // whose only tile is partial, and empty splits, included); the MLA width of DeepSeek-V3 / Kimi
 // (512 + 64, pages of 64 tokens) and a narrow one (64 + 32: a score quarter of one 16-column
 // step, idle warps in the value pass; pages of 16 tokens, so tiles span pages); each kernel
-// also over a bf16 cache (`_bf16` entries; the reference reads the same rounded values).
+// also over a bf16 cache (`_bf16` entries; the reference reads the same rounded values); and
+// the grouped tensor-core kernels (mla_grouped.cu: 1, 2 or 4 m-tiles of 16 heads per block; the
+// one-query-part kernel against a reference with bf16-rounded queries).
 // Exit status: the number of failing cases.
 #include "emu.h"
 #include "../weft_port.h"
@@ -15,24 +17,41 @@
 #include "../moe.cu"
 #include "../mma.cu"
 #include "../mla.cu"
+#include "../mla_grouped.cu"
 #include <random>
 
 int main() {
     std::mt19937 rng(1);
     std::uniform_real_distribution<float> U(-1, 1);
     int fails = 0;
-    struct Variant { bool mma; unsigned lanes, tile, latent, rd, page; bool bf; };
+    using K32 = void (*)(const float*, const float*, const float*, const u32*, const u32*, const u32*, float*, float*, u32, u32, u32, u32, u32, u32, float, u32);
+    using K16 = void (*)(const u16*, const float*, const float*, const u32*, const u32*, const u32*, float*, float*, u32, u32, u32, u32, u32, u32, float, u32);
+    // name, kernel (f32 or bf16 cache), threads, lanes, tile tokens, m-tiles per block, narrow
+    // width, queries rounded to bf16 by the kernel (the reference then rounds them too)
+    struct Variant { const char* name; K32 k32; K16 k16; unsigned threads, lanes, tile, mg; bool narrow, qround = false; };
     // NVIDIA's 32-lane warps and AMD's 64-lane wavefronts (the score phase shuffles in groups
-    // of 16 lanes inside either); the tensor-core kernel is NVIDIA's only.
-    for (Variant v : {Variant{false, 32, 16, 512, 64, 64, false}, Variant{false, 64, 16, 512, 64, 64, false}, Variant{true, 32, 32, 512, 64, 64, false}, Variant{true, 32, 32, 64, 32, 16, false},
-                      Variant{false, 64, 16, 512, 64, 64, true}, Variant{true, 32, 32, 512, 64, 64, true}, Variant{true, 32, 32, 64, 32, 16, true}}) {
+    // of 16 lanes inside either); the tensor-core kernels are NVIDIA's only.
+    const Variant variants[] = {
+        {"mla_decode", mla_decode, 0, 256, 32, 16, 1, false}, {"mla_decode", mla_decode, 0, 256, 64, 16, 1, false},
+        {"mla_decode_bf16", 0, mla_decode_bf16, 256, 64, 16, 1, false},
+        {"mla_decode_mma", mla_decode_mma, 0, 512, 32, 32, 1, false}, {"mla_decode_mma", mla_decode_mma, 0, 512, 32, 32, 1, true},
+        {"mla_decode_mma_bf16", 0, mla_decode_mma_bf16, 512, 32, 32, 1, false}, {"mla_decode_mma_bf16", 0, mla_decode_mma_bf16, 512, 32, 32, 1, true},
+        {"mla_decode_mmg4w_bf16", 0, mla_decode_mmg4w_bf16, 512, 32, 16, 4, false}, {"mla_decode_mmg4w_bf16", 0, mla_decode_mmg4w_bf16, 512, 32, 16, 4, true},
+        {"mla_decode_mmg2_bf16", 0, mla_decode_mmg2_bf16, 512, 32, 32, 2, false},
+        {"mla_decode_mmg1w_bf16", 0, mla_decode_mmg1w_bf16, 512, 32, 64, 1, false}, {"mla_decode_mmg1w_bf16", 0, mla_decode_mmg1w_bf16, 512, 32, 64, 1, true},
+        {"mla_decode_mmg2w", mla_decode_mmg2w, 0, 512, 32, 16, 2, false}, {"mla_decode_mmg2w", mla_decode_mmg2w, 0, 512, 32, 16, 2, true},
+        {"mla_decode_mmg4wq1_bf16", 0, mla_decode_mmg4wq1_bf16, 512, 32, 32, 4, false, true}, {"mla_decode_mmg4wq1_bf16", 0, mla_decode_mmg4wq1_bf16, 512, 32, 32, 4, true, true},
+    };
+    for (const Variant& v : variants) {
+    const bool mma = v.threads == 512, bf = v.k16 != 0;
+    const unsigned vlat = v.narrow ? 64 : 512, vrd = v.narrow ? 32 : 64, vpage = v.narrow ? 16 : 64;
     emu_warp = v.lanes;
-    const unsigned latent = v.latent, rd = v.rd, w = latent + rd, page = v.page, n = 2500, n_pages = (n + page - 1) / page, T = v.tile;
+    const unsigned latent = vlat, rd = vrd, w = latent + rd, page = vpage, n = 2500, n_pages = (n + page - 1) / page, T = v.tile;
     std::vector<float> layer(n_pages * page * w);
     std::vector<u16> layer16(layer.size());
     for (size_t i = 0; i < layer.size(); i++) {
         layer16[i] = f32_to_bf16(2 * U(rng));
-        layer[i] = v.bf ? bf16_to_f32(layer16[i]) : 2 * U(rng);
+        layer[i] = bf ? bf16_to_f32(layer16[i]) : 2 * U(rng);
     }
     std::vector<unsigned> table(n_pages);
     for (unsigned i = 0; i < n_pages; i++) table[i] = n_pages - 1 - i;  // scattered pages
@@ -49,7 +68,8 @@ int main() {
         for (auto& v : qp) v = 0.5f * U(rng);
         const float scale = 0.06f;
         // launch shape as mla.rs: 4 waves over 132 SMs, each split at least a tile
-        unsigned groups = (c.heads + 15) / 16, hg = (c.heads + groups - 1) / groups;
+        const unsigned most = 16 * v.mg;
+        unsigned groups = (c.heads + most - 1) / most, hg = (c.heads + groups - 1) / groups;
         groups = (c.heads + hg - 1) / hg;
         unsigned max_ctx = *std::max_element(ctx.begin(), ctx.end());
         unsigned base = c.rows * groups, want = (4 * 132 + base - 1) / base;
@@ -58,17 +78,13 @@ int main() {
         nsplit = (max_ctx + chunk - 1) / chunk;
         std::vector<float> o_part(c.rows * c.heads * nsplit * latent, NAN), ml(c.rows * c.heads * nsplit * 2, NAN), out(c.rows * c.heads * latent, NAN);
         // One more split than the context needs: an empty split must merge as nothing.
-        nsplit += v.mma && c.rows == 3;
+        nsplit += mma && c.rows == 3;
         o_part.assign(c.rows * c.heads * nsplit * latent, NAN);
         ml.assign(c.rows * c.heads * nsplit * 2, NAN);
-        if (v.mma && v.bf)
-            emu_launch(base, nsplit, 512, [&] { mla_decode_mma_bf16(layer16.data(), ql.data(), qp.data(), bt.data(), off.data(), ctx.data(), o_part.data(), ml.data(), c.heads, groups, hg, latent, rd, page, scale, T); });
-        else if (v.mma)
-            emu_launch(base, nsplit, 512, [&] { mla_decode_mma(layer.data(), ql.data(), qp.data(), bt.data(), off.data(), ctx.data(), o_part.data(), ml.data(), c.heads, groups, hg, latent, rd, page, scale, T); });
-        else if (v.bf)
-            emu_launch(base, nsplit, 256, [&] { mla_decode_bf16(layer16.data(), ql.data(), qp.data(), bt.data(), off.data(), ctx.data(), o_part.data(), ml.data(), c.heads, groups, hg, latent, rd, page, scale, T); });
+        if (bf)
+            emu_launch(base, nsplit, v.threads, [&] { v.k16(layer16.data(), ql.data(), qp.data(), bt.data(), off.data(), ctx.data(), o_part.data(), ml.data(), c.heads, groups, hg, latent, rd, page, scale, T); });
         else
-            emu_launch(base, nsplit, 256, [&] { mla_decode(layer.data(), ql.data(), qp.data(), bt.data(), off.data(), ctx.data(), o_part.data(), ml.data(), c.heads, groups, hg, latent, rd, page, scale, T); });
+            emu_launch(base, nsplit, v.threads, [&] { v.k32(layer.data(), ql.data(), qp.data(), bt.data(), off.data(), ctx.data(), o_part.data(), ml.data(), c.heads, groups, hg, latent, rd, page, scale, T); });
         emu_launch(c.rows * c.heads, (latent + 127) / 128, 128, [&] { mla_combine(o_part.data(), ml.data(), out.data(), nsplit, latent); });
         double worst = 0, peak = 0;
         for (int r = 0; r < c.rows; r++)
@@ -80,7 +96,11 @@ int main() {
                 double m = -1e300, l = 0;
                 for (unsigned t = 0; t < ctx[r]; t++) {
                     double a = 0;
-                    for (unsigned j = 0; j < w; j++) a += (double)(j < latent ? q1[j] : q2[j - latent]) * row(t)[j];
+                    for (unsigned j = 0; j < w; j++) {
+                        float qv = j < latent ? q1[j] : q2[j - latent];
+                        if (v.qround) qv = bf16_to_f32(f32_to_bf16(qv));
+                        a += (double)qv * row(t)[j];
+                    }
                     p[t] = a * scale;
                     m = std::max(m, p[t]);
                 }
@@ -96,7 +116,7 @@ int main() {
                 }
             }
         bool ok = worst / peak < 1e-4;
-        std::printf("%s%s %u+%u, %u-lane sub-groups, %u heads x %d rows, %u splits of %u: rel err %.2e %s\n", v.mma ? "mla_decode_mma" : "mla_decode", v.bf ? "_bf16" : "", latent, rd, v.lanes, c.heads, c.rows, nsplit, chunk, worst / peak, ok ? "ok" : "FAILED");
+        std::printf("%s %u+%u, %u-lane sub-groups, %u heads x %d rows, %u splits of %u: rel err %.2e %s\n", v.name, latent, rd, v.lanes, c.heads, c.rows, nsplit, chunk, worst / peak, ok ? "ok" : "FAILED");
         fails += !ok;
     }
     }

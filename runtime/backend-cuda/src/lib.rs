@@ -32,6 +32,7 @@ mod gemv;
 mod gqa;
 mod graphs;
 mod mla;
+pub use mla::{MmgSpec, MMG_KERNELS};
 #[cfg(feature = "cuda")]
 mod mla_prefill;
 mod moe;
@@ -81,6 +82,8 @@ pub const KERNEL_SOURCE: &str = concat!(
     include_str!("../../../kernels/mma.cu"),
     "\n",
     include_str!("../../../kernels/mla.cu"),
+    "\n",
+    include_str!("../../../kernels/mla_grouped.cu"),
     "\n",
     include_str!("../../../kernels/dummy.cu"),
     "\n",
@@ -165,6 +168,11 @@ pub const KERNELS: &[&str] = &[
     "mla_decode_bf16",
     "mla_decode_mma",
     "mla_decode_mma_bf16",
+    "mla_decode_mmg4w_bf16",
+    "mla_decode_mmg2_bf16",
+    "mla_decode_mmg1w_bf16",
+    "mla_decode_mmg2w",
+    "mla_decode_mmg4wq1_bf16",
     "mla_combine",
     "dummy_bf16",
     "dummy_fp8",
@@ -272,6 +280,13 @@ pub struct CudaBackend {
     /// MLA decode attention on tensor cores (`mla_decode_mma`) where the shape fits
     /// (`WEFT_CUDA_MLA_MMA=0`: the CUDA-core `mla_decode`, for comparisons).
     pub mla_mma: bool,
+    /// The grouped tensor-core MLA kernels (`mla_decode_mmg*`, mla_grouped.cu) where they were
+    /// measured faster than `mla_decode_mma` (`WEFT_CUDA_MLA_GROUPED=0`: never, for
+    /// comparisons).
+    pub mla_grouped: bool,
+    /// A grouped kernel by name (`mla::MMG_KERNELS`) for every head count over its cache type
+    /// (`WEFT_CUDA_MLA_MMG`), for measurements.
+    pub mla_mmg: Option<&'static str>,
     /// Fewest activation rows the dense tensor-core kernels take (2; `WEFT_CUDA_MMA_MIN_M`).
     pub mma_min_m: usize,
     /// Most activation rows the dense tensor-core kernels take for bf16 / fp8 weights
@@ -440,7 +455,7 @@ impl CudaBackend {
         use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
         let num_sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(dev)? as usize;
         let smem_optin = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).map_err(dev)? as usize;
-        for k in ["mla_decode", "mla_decode_bf16", "mla_decode_mma", "mla_decode_mma_bf16"] {
+        for k in ["mla_decode", "mla_decode_bf16", "mla_decode_mma", "mla_decode_mma_bf16"].into_iter().chain(mla::MMG_KERNELS.iter().map(|k| k.name)) {
             funcs[k].set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_optin as i32).map_err(dev)?;
         }
         // A stream of the backend's own (the legacy default stream cannot be captured into a
@@ -497,6 +512,8 @@ impl CudaBackend {
             gemm_split: std::env::var("WEFT_CUDA_GEMM_SPLIT").map_or(true, |v| v != "0"),
             gemm_stack_max_m: std::env::var("WEFT_CUDA_GEMM_STACK_MAX_M").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
             mla_split_tiles: std::env::var("WEFT_CUDA_MLA_SPLIT_TILES").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1),
+            mla_grouped: std::env::var("WEFT_CUDA_MLA_GROUPED").map_or(true, |v| v != "0"),
+            mla_mmg: std::env::var("WEFT_CUDA_MLA_MMG").ok().and_then(|v| mla::MMG_KERNELS.iter().find(|k| k.name == v).map(|k| k.name)),
             mla_min_group: std::env::var("WEFT_CUDA_MLA_MIN_GROUP").ok().and_then(|v| v.parse().ok()).unwrap_or(8).max(1),
             mla_waves: std::env::var("WEFT_CUDA_MLA_WAVES").ok().and_then(|v| v.parse().ok()).unwrap_or(4).max(1),
             moe_device_tokens: std::env::var("WEFT_CUDA_MOE_DEVICE_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(32),

@@ -41,7 +41,8 @@ pub(crate) struct MlaArgs<'a> {
     pub scale: f32,
 }
 
-/// `mla_decode_mma`'s tile (tokens), warps, and the widest latent its warps cover.
+/// `mla_decode_mma`'s tile (tokens), warps (also `mla_decode_mmg*`'s), and the widest latent
+/// their warps cover.
 const MMA_TILE: usize = 32;
 const MMA_WARPS: usize = 16;
 const MMA_MAX_LATENT: usize = 512;
@@ -57,6 +58,53 @@ fn mma_row_bytes(width: usize, bf16: bool) -> usize {
     } else {
         4 * (width + (52 - width % 32) % 32)
     }
+}
+
+/// A tensor-core MLA decode kernel chosen for a call: its name, tile tokens, 16-head m-tiles
+/// per block and dynamic shared memory.
+#[derive(Clone, Copy)]
+struct MmaKernel {
+    name: &'static str,
+    tile: usize,
+    m_tiles: usize,
+    smem: usize,
+}
+
+/// A grouped tensor-core kernel (`WEFT_MLA_MMG` in mla_grouped.cu): its cache type, tile
+/// tokens, 16-head m-tiles per block, n-tiles per score warp and query parts.
+pub struct MmgSpec {
+    pub name: &'static str,
+    pub bf16: bool,
+    pub tile: usize,
+    pub m_tiles: usize,
+    pub n_tiles: usize,
+    pub query_parts: usize,
+}
+
+const fn mmg(name: &'static str, bf16: bool, tile: usize, m_tiles: usize, n_tiles: usize, query_parts: usize) -> MmgSpec {
+    MmgSpec { name, bf16, tile, m_tiles, n_tiles, query_parts }
+}
+
+/// Every grouped kernel, as instantiated in mla_grouped.cu.
+pub const MMG_KERNELS: &[MmgSpec] = &[
+    mmg("mla_decode_mmg4w_bf16", true, 16, 4, 2, 2),
+    mmg("mla_decode_mmg2_bf16", true, 32, 2, 1, 2),
+    mmg("mla_decode_mmg1w_bf16", true, 64, 1, 4, 2),
+    mmg("mla_decode_mmg2w", false, 16, 2, 2, 2),
+    mmg("mla_decode_mmg4wq1_bf16", true, 32, 4, 4, 1),
+];
+
+fn mmg_spec(name: &str) -> &'static MmgSpec {
+    MMG_KERNELS.iter().find(|k| k.name == name).expect("a kernel of MMG_KERNELS")
+}
+
+/// `mla_decode_mmg*`'s shared memory (16 warps, two tile buffers): query fragments (16 bytes
+/// per part, 16-column step, m-tile and lane), tiles, partial scores over the width's parts,
+/// the weights' two parts, the rescale factors.
+fn mmg_smem(width: usize, k: &MmgSpec) -> usize {
+    let heads = 16 * k.m_tiles;
+    let parts = MMA_WARPS / (k.m_tiles * k.tile / 8 / k.n_tiles);
+    k.m_tiles * (width / 16) * k.query_parts * 32 * 16 + MMA_STAGES * k.tile * mma_row_bytes(width, k.bf16) + parts * heads * (k.tile + 8) * 4 + 2 * heads * (k.tile + 8) * 2 + heads * 4
 }
 
 /// Context splits for the tensor-core kernel, which runs one block per SM: the count whose
@@ -78,18 +126,56 @@ impl CudaBackend {
         MMA_STAGES * tile * mma_row_bytes(width, bf16) + warps / 2 * 16 * (tile + 8) * 4 + 2 * 16 * (tile + 8) * 2 + 16 * 4
     }
 
-    /// Whether the tensor-core kernel takes this layout: whole 16-column steps, latent columns
+    /// Whether the tensor-core kernels take this layout: whole 16-column steps, latent columns
     /// in whole 8-column tiles within 16 warps × 32, a width of at most 4 × 9 steps.
     fn mla_mma_fits(&self, pool: &CudaKvPool) -> bool {
         let l = pool.layout;
         let w = l.width();
-        self.mla_mma
-            && w % 16 == 0
-            && w <= 576
-            && l.latent_dim % 8 == 0
-            && l.latent_dim <= MMA_MAX_LATENT
-            && l.rope_dim % 4 == 0
-            && Self::mla_mma_smem(w, MMA_TILE, MMA_WARPS, pool.bf16()) <= self.smem_optin
+        self.mla_mma && w % 16 == 0 && w <= 576 && l.latent_dim % 8 == 0 && l.latent_dim <= MMA_MAX_LATENT && l.rope_dim % 4 == 0
+    }
+
+    /// The tensor-core kernel for `heads` heads over this pool, if one takes it: the grouped
+    /// kernels (`mla_decode_mmg*`, mla_grouped.cu: queries in shared memory, several m-tiles of
+    /// 16 heads per block — the tile loaded and each phase run once for all of them — and
+    /// score warps over several n-tiles) where their shared memory fits and they were measured
+    /// faster (every bf16 shape; f32 beyond 16 heads), else `mla_decode_mma` (one m-tile per
+    /// block). `WEFT_CUDA_MLA_GROUPED=0`: `mla_decode_mma` always; `WEFT_CUDA_MLA_MMG`: one
+    /// grouped kernel by name for every head count.
+    fn mla_mma_kernel(&self, pool: &CudaKvPool, heads: usize) -> Option<MmaKernel> {
+        if !self.mla_mma_fits(pool) {
+            return None;
+        }
+        let (w, bf) = (pool.layout.width(), pool.bf16());
+        let one = if bf { "mla_decode_mma_bf16" } else { "mla_decode_mma" };
+        let single = MmaKernel { name: one, tile: MMA_TILE, m_tiles: 1, smem: Self::mla_mma_smem(w, MMA_TILE, MMA_WARPS, bf) };
+        let grouped = match (self.mla_mmg, bf) {
+            (Some(name), _) if mmg_spec(name).bf16 == bf => Some(name),
+            _ if !self.mla_grouped => None,
+            (_, true) if heads > 2 * HEAD_GROUP => Some("mla_decode_mmg4w_bf16"),
+            (_, true) if heads > HEAD_GROUP => Some("mla_decode_mmg2_bf16"),
+            (_, true) => Some("mla_decode_mmg1w_bf16"),
+            (_, false) if heads > HEAD_GROUP => Some("mla_decode_mmg2w"),
+            (_, false) => None,
+        };
+        grouped
+            .map(|name| {
+                let k = mmg_spec(name);
+                MmaKernel { name, tile: k.tile, m_tiles: k.m_tiles, smem: mmg_smem(w, k) }
+            })
+            .into_iter()
+            .chain([single])
+            .find(|k| k.smem <= self.smem_optin)
+    }
+
+    /// The decode kernel `mla_attention` launches for `heads` heads over this pool (rows of
+    /// short runs: prefill chunks may take the GEMM path instead), for benchmarks' tables.
+    pub fn mla_decode_kernel(&self, pool: &CudaKvPool, heads: usize) -> &'static str {
+        match self.mla_mma_kernel(pool, heads) {
+            Some(k) => k.name,
+            None if !self.mla_split_fits(pool, heads) => "mla_attention (single pass)",
+            None if pool.bf16() => "mla_decode_bf16",
+            None => "mla_decode",
+        }
     }
 
     /// Whether the split kernel takes this shape (latent ≤ 2 × threads, latent and rope widths
@@ -105,9 +191,12 @@ impl CudaBackend {
     pub(crate) fn mla_split(&self, a: MlaArgs<'_>, tables: [&CudaView<'_, u32>; 3]) -> Result<CudaSlice<f32>> {
         let MlaArgs { pool, layer, q_lat, q_pe, heads, rows, scale } = a;
         let l = pool.layout;
-        let mma = self.mla_mma_fits(pool);
-        let tile = if mma { MMA_TILE } else { TILE };
-        let (mut groups, mut hg) = head_groups(heads);
+        let mma = self.mla_mma_kernel(pool, heads);
+        let tile = mma.map_or(TILE, |k| k.tile);
+        let (mut groups, mut hg) = match mma {
+            Some(k) => head_groups_of(heads, HEAD_GROUP * k.m_tiles),
+            _ => head_groups(heads),
+        };
         // While a step is recorded, sized for its context bucket (the graph serves every step
         // up to it; splits past a row's context are empty).
         let max_ctx = self.split_context(rows.iter().map(|r| r.ctx_len).max().unwrap_or(1));
@@ -115,11 +204,11 @@ impl CudaBackend {
         // groups (down to `mla_min_group` heads) so that more, shorter blocks share the work.
         // (Not on tensor cores: a block's work there is one 16-row tile whatever its heads.)
         let tiles = max_ctx.div_ceil(tile);
-        while !mma && rows.len() * groups * tiles < self.num_sms && hg / 2 >= self.mla_min_group {
+        while mma.is_none() && rows.len() * groups * tiles < self.num_sms && hg / 2 >= self.mla_min_group {
             (groups, hg) = head_groups_of(heads, hg / 2);
         }
         let base = rows.len() * groups;
-        let mut nsplit = if mma {
+        let mut nsplit = if mma.is_some() {
             mma_splits(base, tiles, self.num_sms)
         } else {
             // Enough blocks for a few waves over every SM; each split at least one tile.
@@ -136,10 +225,9 @@ impl CudaBackend {
         let view = pool.layer(layer);
         let (h32, g32, gs, lat, rd, ps, ch) = (heads as u32, groups as u32, hg as u32, l.latent_dim as u32, l.rope_dim as u32, l.page_size as u32, min_chunk as u32);
         let bf = pool.bf16();
-        let (kernel, threads, smem) = if mma {
-            (if bf { "mla_decode_mma_bf16" } else { "mla_decode_mma" }, 32 * MMA_WARPS as u32, Self::mla_mma_smem(l.width(), MMA_TILE, MMA_WARPS, bf))
-        } else {
-            (if bf { "mla_decode_bf16" } else { "mla_decode" }, THREADS, self.mla_smem(l.width(), hg))
+        let (kernel, threads, smem) = match mma {
+            Some(k) => (k.name, 32 * MMA_WARPS as u32, k.smem),
+            None => (if bf { "mla_decode_bf16" } else { "mla_decode" }, THREADS, self.mla_smem(l.width(), hg)),
         };
         let mut b = self.stream.launch_builder(self.func(kernel));
         b.arg(&view).arg(q_lat).arg(q_pe).arg(tables[0]).arg(tables[1]).arg(tables[2]).arg(&mut o_part).arg(&mut ml_part).arg(&h32).arg(&g32).arg(&gs).arg(&lat).arg(&rd).arg(&ps).arg(&scale).arg(&ch);

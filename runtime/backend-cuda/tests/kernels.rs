@@ -451,9 +451,15 @@ fn mla_attention_head_counts_and_single_rows() {
     let c = CpuBackend::new();
     let mut r = Rng(6);
     let (rd, latent) = (64, 512);
-    // both kernels: tensor cores (the default where there are any) and CUDA cores, for each
-    // cache type (decided once: the loop below leaves `mla_mma` off)
-    let kernels = if g.mla_mma { vec![true, false] } else { vec![false] };
+    // every kernel: tensor cores (the default where there are any: grouped kernels where
+    // measured faster, `mla_decode_mma` else), `mla_decode_mma` alone, each grouped kernel by
+    // name (`MMG_KERNELS`, every head count; one query part: bf16-rounded queries, so a bf16
+    // tolerance), and CUDA cores, for each cache type (decided once: the loop below leaves
+    // `mla_mma` off)
+    let mut kernels: Vec<(bool, bool, Option<&'static str>)> = vec![(false, true, None)];
+    if g.mla_mma {
+        kernels = [(true, true, None), (true, false, None)].into_iter().chain(weft_cuda::MMG_KERNELS.iter().map(|k| (true, true, Some(k.name)))).chain(kernels).collect();
+    }
     for dtype in [KvDtype::F32, KvDtype::Bf16] {
         let layout = KvLayout { layers: 1, num_pages: 40, page_size: 64, latent_dim: latent, rope_dim: rd, dtype };
         let (mut pg, mut pc) = (g.alloc_kv_pool(layout).unwrap(), c.alloc_kv_pool(layout).unwrap());
@@ -463,8 +469,15 @@ fn mla_attention_head_counts_and_single_rows() {
         share_bf16_cache(&g, &mut pg, &pc);
         // the head counts tensor parallelism leaves per GPU (and 20, 40: uneven groups); one decode row, and 3 query rows of one
         // sequence (speculative verification)
-        for &mma in &kernels {
+        for &(mma, grouped, mmg) in &kernels {
+            let spec = mmg.and_then(|n| weft_cuda::MMG_KERNELS.iter().find(|k| k.name == n));
+            if spec.is_some_and(|k| k.bf16 != (dtype == KvDtype::Bf16)) {
+                continue;
+            }
+            let tol = if spec.is_some_and(|k| k.query_parts == 1) { 2e-2 } else { 1e-4 };
             g.mla_mma = mma;
+            g.mla_grouped = grouped;
+            g.mla_mmg = mmg;
             for heads in [8usize, 12, 16, 20, 40, 64, 128] {
                 for ctxs in [vec![n], vec![n - 2, n - 1, n], vec![1, 17, 40, 65]] {
                     let rows: Vec<AttnRow<'_>> = ctxs.iter().map(|&c| AttnRow { block_table: &table, ctx_len: c }).collect();
@@ -472,7 +485,7 @@ fn mla_attention_head_counts_and_single_rows() {
                     let q_pe = r.vec(rows.len() * heads * rd, 0.5);
                     let got = g.download(&g.mla_attention(&pg, 0, &g.upload(&q_lat).unwrap(), &g.upload(&q_pe).unwrap(), heads, &rows, 0.06).unwrap()).unwrap();
                     let want = c.mla_attention(&pc, 0, &q_lat, &q_pe, heads, &rows, 0.06).unwrap();
-                    check(&format!("mla ({dtype:?} cache, tensor cores: {mma}) {heads} heads x {} rows of contexts {:?}", rows.len(), &ctxs[..ctxs.len().min(2)]), &got, &want, 1e-4);
+                    check(&format!("mla ({dtype:?} cache, {}) {heads} heads x {} rows of contexts {:?}", g.mla_decode_kernel(&pg, heads), rows.len(), &ctxs[..ctxs.len().min(2)]), &got, &want, tol);
                 }
             }
         }
