@@ -12,7 +12,7 @@
 
 use std::time::Instant;
 use weft_backend::{AttnRow, Backend, KvDtype, KvLayout};
-use weft_cuda::{CudaBackend, MMG_KERNELS};
+use weft_cuda::{CudaBackend, MmgSpec, MMG_KERNELS};
 
 fn list(args: &[String], flag: &str, default: &[usize]) -> Vec<usize> {
     match args.iter().position(|a| a == flag) {
@@ -28,8 +28,8 @@ fn main() {
     let queries = list(&args, "--queries", &[1, 2]);
     let head_counts = list(&args, "--heads", &[8, 12, 16, 64, 128]);
     let reps = list(&args, "--reps", &[20])[0];
-    let named: Vec<&'static str> = match args.iter().position(|a| a == "--mmg") {
-        Some(i) => args[i + 1].split(',').map(|n| MMG_KERNELS.iter().find(|k| k.name == n).unwrap_or_else(|| panic!("no grouped kernel {n}")).name).collect(),
+    let named: Vec<&'static MmgSpec> = match args.iter().position(|a| a == "--mmg") {
+        Some(i) => args[i + 1].split(',').map(|n| MMG_KERNELS.iter().find(|k| k.name == n).unwrap_or_else(|| panic!("no grouped kernel {n}"))).collect(),
         None => vec![],
     };
     let dtypes: Vec<KvDtype> = match args.iter().position(|a| a == "--kv") {
@@ -45,8 +45,8 @@ fn main() {
     println!("\n| sequences × context | cache | query rows / seq | heads | kernel | µs | GB/s | % of copy BW |");
     println!("| --- | --- | ---: | ---: | --- | ---: | ---: | ---: |");
     // (tensor cores, grouped kernels where faster, a grouped kernel by name)
-    let kernels: Vec<(bool, bool, Option<&'static str>)> = if be.mla_mma {
-        [(true, true, None), (true, false, None)].into_iter().chain(named.iter().map(|&n| (true, true, Some(n)))).chain([(false, true, None)]).collect()
+    let kernels: Vec<(bool, bool, Option<&'static MmgSpec>)> = if be.mla_mma {
+        [(true, true, None), (true, false, None)].into_iter().chain(named.iter().map(|&k| (true, true, Some(k)))).chain([(false, true, None)]).collect()
     } else {
         vec![(false, true, None)]
     };
@@ -65,12 +65,12 @@ fn main() {
                     be.mla_decode_kernel(&pool, heads)
                 };
                 for &(mma, grouped, mmg) in &kernels {
-                    if mmg.is_some_and(|n| MMG_KERNELS.iter().any(|k| k.name == n && k.bf16 != (dtype == KvDtype::Bf16))) {
+                    if mmg.is_some_and(|k| k.bf16 != (dtype == KvDtype::Bf16)) {
                         continue;
                     }
                     be.mla_mma = mma;
                     be.mla_grouped = grouped;
-                    be.mla_mmg = mmg;
+                    be.mla_mmg = mmg.map(|k| k.name);
                     let kernel = be.mla_decode_kernel(&pool, heads);
                     // the ungrouped row only where it differs from the default
                     if mma && !grouped && kernel == default_kernel {

@@ -46,7 +46,7 @@ pub(crate) struct MlaArgs<'a> {
 const MMA_TILE: usize = 32;
 const MMA_WARPS: usize = 16;
 const MMA_MAX_LATENT: usize = 512;
-/// Tile buffers of `mla_decode_mma` (`S` in mla.cu, both caches).
+/// Tile buffers of the tensor-core kernels (`S` in mla.cu and mla_grouped.cu, both caches).
 const MMA_STAGES: usize = 2;
 
 /// Bytes per shared-memory row of `mla_decode_mma`'s tiles (`mlt_stride` in mla.cu): f32 rows
@@ -98,13 +98,18 @@ fn mmg_spec(name: &str) -> &'static MmgSpec {
     MMG_KERNELS.iter().find(|k| k.name == name).expect("a kernel of MMG_KERNELS")
 }
 
-/// `mla_decode_mmg*`'s shared memory (16 warps, two tile buffers): query fragments (16 bytes
-/// per part, 16-column step, m-tile and lane), tiles, partial scores over the width's parts,
-/// the weights' two parts, the rescale factors.
+/// The shared memory both tensor-core kernels lay out after their queries: `MMA_STAGES` tiles,
+/// partial scores of `heads` rows over `parts` parts of the width, the weights' two parts, the
+/// rescale factors (rows of tile + 8).
+fn tile_smem(width: usize, tile: usize, bf16: bool, parts: usize, heads: usize) -> usize {
+    MMA_STAGES * tile * mma_row_bytes(width, bf16) + parts * heads * (tile + 8) * 4 + 2 * heads * (tile + 8) * 2 + heads * 4
+}
+
+/// `mla_decode_mmg*`'s shared memory (16 warps): query fragments (16 bytes per part, 16-column
+/// step, m-tile and lane), then `tile_smem`.
 fn mmg_smem(width: usize, k: &MmgSpec) -> usize {
-    let heads = 16 * k.m_tiles;
     let parts = MMA_WARPS / (k.m_tiles * k.tile / 8 / k.n_tiles);
-    k.m_tiles * (width / 16) * k.query_parts * 32 * 16 + MMA_STAGES * k.tile * mma_row_bytes(width, k.bf16) + parts * heads * (k.tile + 8) * 4 + 2 * heads * (k.tile + 8) * 2 + heads * 4
+    k.m_tiles * (width / 16) * k.query_parts * 32 * 16 + tile_smem(width, k.tile, k.bf16, parts, 16 * k.m_tiles)
 }
 
 /// Context splits for the tensor-core kernel, which runs one block per SM: the count whose
@@ -123,7 +128,7 @@ impl CudaBackend {
     /// `mla_decode_mma`'s shared memory for tiles of `tile` tokens: its tile buffers, partial scores,
     /// the weights' two parts, the rescale factors.
     fn mla_mma_smem(width: usize, tile: usize, warps: usize, bf16: bool) -> usize {
-        MMA_STAGES * tile * mma_row_bytes(width, bf16) + warps / 2 * 16 * (tile + 8) * 4 + 2 * 16 * (tile + 8) * 2 + 16 * 4
+        tile_smem(width, tile, bf16, warps / 2, 16)
     }
 
     /// Whether the tensor-core kernels take this layout: whole 16-column steps, latent columns
@@ -202,7 +207,7 @@ impl CudaBackend {
         let max_ctx = self.split_context(rows.iter().map(|r| r.ctx_len).max().unwrap_or(1));
         // A few rows of short context leave SMs idle even at one tile per split: halve the head
         // groups (down to `mla_min_group` heads) so that more, shorter blocks share the work.
-        // (Not on tensor cores: a block's work there is one 16-row tile whatever its heads.)
+        // (Not on tensor cores: a block's work there is whole 16-row tiles whatever its heads.)
         let tiles = max_ctx.div_ceil(tile);
         while mma.is_none() && rows.len() * groups * tiles < self.num_sms && hg / 2 >= self.mla_min_group {
             (groups, hg) = head_groups_of(heads, hg / 2);

@@ -456,9 +456,9 @@ fn mla_attention_head_counts_and_single_rows() {
     // name (`MMG_KERNELS`, every head count; one query part: bf16-rounded queries, so a bf16
     // tolerance), and CUDA cores, for each cache type (decided once: the loop below leaves
     // `mla_mma` off)
-    let mut kernels: Vec<(bool, bool, Option<&'static str>)> = vec![(false, true, None)];
+    let mut kernels: Vec<(bool, bool, Option<&'static weft_cuda::MmgSpec>)> = vec![(false, true, None)];
     if g.mla_mma {
-        kernels = [(true, true, None), (true, false, None)].into_iter().chain(weft_cuda::MMG_KERNELS.iter().map(|k| (true, true, Some(k.name)))).chain(kernels).collect();
+        kernels = [(true, true, None), (true, false, None)].into_iter().chain(weft_cuda::MMG_KERNELS.iter().map(|k| (true, true, Some(k)))).chain(kernels).collect();
     }
     for dtype in [KvDtype::F32, KvDtype::Bf16] {
         let layout = KvLayout { layers: 1, num_pages: 40, page_size: 64, latent_dim: latent, rope_dim: rd, dtype };
@@ -470,14 +470,13 @@ fn mla_attention_head_counts_and_single_rows() {
         // the head counts tensor parallelism leaves per GPU (and 20, 40: uneven groups); one decode row, and 3 query rows of one
         // sequence (speculative verification)
         for &(mma, grouped, mmg) in &kernels {
-            let spec = mmg.and_then(|n| weft_cuda::MMG_KERNELS.iter().find(|k| k.name == n));
-            if spec.is_some_and(|k| k.bf16 != (dtype == KvDtype::Bf16)) {
+            if mmg.is_some_and(|k| k.bf16 != (dtype == KvDtype::Bf16)) {
                 continue;
             }
-            let tol = if spec.is_some_and(|k| k.query_parts == 1) { 2e-2 } else { 1e-4 };
+            let tol = if mmg.is_some_and(|k| k.query_parts == 1) { 2e-2 } else { 1e-4 };
             g.mla_mma = mma;
             g.mla_grouped = grouped;
-            g.mla_mmg = mmg;
+            g.mla_mmg = mmg.map(|k| k.name);
             for heads in [8usize, 12, 16, 20, 40, 64, 128] {
                 for ctxs in [vec![n], vec![n - 2, n - 1, n], vec![1, 17, 40, 65]] {
                     let rows: Vec<AttnRow<'_>> = ctxs.iter().map(|&c| AttnRow { block_table: &table, ctx_len: c }).collect();
