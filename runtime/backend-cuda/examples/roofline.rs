@@ -16,13 +16,21 @@
 //! The KV cache holds synthetic contents (its values do not change the work), so no prefill
 //! is needed to time decode at long contexts.
 //!
-//! `roofline DIR --dummy [--batch 1,8,32,64] [--ctx 1024,4096] [--prefill 1024] [--steps 8] [--kv-cache-dtype f32|bf16]`
+//! With `--tensor-parallel N` (one GPU per rank, devices 0..N, NCCL; `--expert-parallel` for
+//! whole experts per rank) the model is split as `weft serve --collective nccl` splits it, the
+//! bytes are those rank 0 moves (its shard, the replicated latent projection, router, cache
+//! and lm_head), and a table of NCCL all-reduce times at each batch's size comes first: per
+//! call and per step (two all-reduces a layer).
+//!
+//! `roofline DIR --dummy [--batch 1,8,32,64] [--ctx 1024,4096] [--prefill 1024] [--steps 8] [--kv-cache-dtype f32|bf16] [--tensor-parallel N [--expert-parallel]]`
 
 use std::path::PathBuf;
+use std::sync::{Arc, Barrier};
 use std::time::Instant;
-use weft_backend::{AttnRow, Backend, HostMatrix, KvDtype};
+use weft_backend::{AttnRow, Backend, Collective, HostMatrix, KvDtype};
+use weft_cuda::nccl::NcclRank;
 use weft_cuda::CudaBackend;
-use weft_model::{LoadedModel, ModelConfig, StepBatch};
+use weft_model::{LoadOptions, LoadedModel, ModelConfig, StepBatch};
 
 const PAGE: usize = 64;
 
@@ -41,7 +49,13 @@ fn proj_bytes(c: &ModelConfig) -> f64 {
 
 /// Parameters of one layer's attention projections.
 fn attn_params(c: &ModelConfig) -> f64 {
-    let (h, heads) = (c.hidden_size as f64, c.num_attention_heads as f64);
+    attn_params_split(c, 1)
+}
+
+/// Parameters of one layer's attention projections one of `n` tensor-parallel ranks holds:
+/// its heads' part of q (or q_b), W_UK/W_UV and o_proj; q_a and the latent projection whole.
+fn attn_params_split(c: &ModelConfig, n: usize) -> f64 {
+    let (h, heads) = (c.hidden_size as f64, (c.num_attention_heads / n) as f64);
     let qk = (c.qk_nope_head_dim + c.qk_rope_head_dim) as f64;
     let q = match c.q_lora_rank {
         None => heads * qk * h,
@@ -55,21 +69,26 @@ fn expert_params(c: &ModelConfig, inter: usize) -> f64 {
     3.0 * (c.hidden_size * inter) as f64
 }
 
-/// Bytes one decode step of `b` tokens at context `ctx` must move.
-fn step_bytes(c: &ModelConfig, b: usize, ctx: usize, kv: KvDtype) -> f64 {
+/// Bytes one decode step of `b` tokens at context `ctx` must move on rank 0 of `n`
+/// tensor-parallel ranks (the whole step for `n` = 1): its shard of the split weights (a
+/// `1/n` slice of each distinct expert; under expert parallelism the distinct experts among
+/// its whole ones, the same expected bytes under uniform routing), the replicated ones, the
+/// whole latent cache (every rank reads it for its heads) and the lm_head (rank 0 computes the
+/// logits).
+fn step_bytes_rank(c: &ModelConfig, b: usize, ctx: usize, kv: KvDtype, n: usize) -> f64 {
     let pb = proj_bytes(c);
     let e = c.n_routed_experts as f64;
     let k = c.num_experts_per_tok as f64;
     let distinct = if e > 0.0 { e * (1.0 - (1.0 - k / e).powi(b as i32)) } else { 0.0 };
     let mut total = 0.0;
     for l in 0..c.num_hidden_layers {
-        total += attn_params(c) * pb;
+        total += attn_params_split(c, n) * pb;
         if c.is_moe_layer(l) {
             total += (c.n_routed_experts * c.hidden_size) as f64 * 4.0; // f32 router
-            total += expert_params(c, c.moe_intermediate_size * c.n_shared_experts) * pb;
-            total += distinct * expert_params(c, c.moe_intermediate_size) * pb;
+            total += expert_params(c, c.moe_intermediate_size * c.n_shared_experts) * pb / n as f64;
+            total += distinct * expert_params(c, c.moe_intermediate_size) * pb / n as f64;
         } else {
-            total += expert_params(c, c.intermediate_size) * pb;
+            total += expert_params(c, c.intermediate_size) * pb / n as f64;
         }
     }
     let width = ((c.kv_lora_rank + c.qk_rope_head_dim) * kv.size()) as f64; // latent cache entry
@@ -77,6 +96,38 @@ fn step_bytes(c: &ModelConfig, b: usize, ctx: usize, kv: KvDtype) -> f64 {
     total += (b * ctx) as f64 * width * c.num_hidden_layers as f64; // KV read
     total += b as f64 * width * c.num_hidden_layers as f64; // KV written
     total
+}
+
+/// NCCL all-reduce (sum, in place) of `floats` f32 on every rank at once: mean µs per call
+/// over `reps` calls after a warm-up, rank 0's clock (each rank synchronizes its stream).
+fn allreduce_us(bes: &[CudaBackend], ranks: &[Arc<NcclRank>], floats: usize, reps: usize) -> f64 {
+    let barrier = Barrier::new(bes.len());
+    std::thread::scope(|s| {
+        let runs: Vec<_> = bes
+            .iter()
+            .zip(ranks)
+            .map(|(be, rank)| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    let mut x = be.upload(&vec![1.0; floats]).unwrap();
+                    for _ in 0..3 {
+                        rank.all_reduce_sum(be, &mut x).unwrap();
+                    }
+                    be.synchronize().unwrap();
+                    barrier.wait();
+                    let t = Instant::now();
+                    for _ in 0..reps {
+                        rank.all_reduce_sum(be, &mut x).unwrap();
+                    }
+                    be.synchronize().unwrap();
+                    let us = t.elapsed().as_secs_f64() * 1e6 / reps as f64;
+                    barrier.wait();
+                    us
+                })
+            })
+            .collect();
+        runs.into_iter().map(|h| h.join().unwrap()).next().unwrap()
+    })
 }
 
 /// Matmul + attention FLOPs of a prefill of `n` tokens (one sequence, causal).
@@ -115,6 +166,8 @@ fn main() {
     let prefill = list(&args, "--prefill", &[1024]);
     let steps = list(&args, "--steps", &[8])[0];
     let kv = args.iter().position(|a| a == "--kv-cache-dtype").map_or(KvDtype::F32, |i| KvDtype::parse(args.get(i + 1).map_or("", |s| s.as_str())).unwrap());
+    let tp = list(&args, "--tensor-parallel", &[1])[0].max(1);
+    let ep = args.iter().any(|a| a == "--expert-parallel");
     let mut be = CudaBackend::new(0).expect("a CUDA device");
     let name = be.device_name.clone();
     // The GEMM ceiling is the hardware's one-pass bf16 rate; the engine's GEMMs then run with
@@ -143,14 +196,40 @@ fn main() {
         if split { 2 } else { 1 }
     );
 
-    let t = Instant::now();
     let demo = PathBuf::from(std::env::var("WEFT_DEMO_MODEL").unwrap_or_else(|_| "models/demo".into()));
-    let mut lm = if dummy { LoadedModel::open_dummy(&dir, be, &demo) } else { LoadedModel::open(&dir, be) }.unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let t = Instant::now();
+    let mut lm = if tp == 1 {
+        if dummy { LoadedModel::open_dummy(&dir, be, &demo) } else { LoadedModel::open(&dir, be) }.unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+    } else {
+        // One GPU per rank, NCCL; the all-reduce sizes a decode step of each batch uses.
+        let mut bes = vec![be];
+        for r in 1..tp {
+            bes.push(CudaBackend::new(r).unwrap_or_else(|e| panic!("tensor-parallel rank {r} on device {r}: {e}")));
+        }
+        let group = weft_cuda::nccl::nccl_group(&bes.iter().collect::<Vec<_>>()).expect("an NCCL group");
+        println!();
+        println!("NCCL all-reduce (f32 sum in place, {tp} GPUs; a decode step makes two per layer: after attention and after the MLP/MoE):");
+        println!("| batch | floats | µs per all-reduce | bus GB/s | all-reduces per step | ms per step |");
+        println!("| ---: | ---: | ---: | ---: | ---: | ---: |");
+        for &b in &batches {
+            let floats = b * cfg.hidden_size;
+            let us = allreduce_us(&bes, &group, floats, 200);
+            let per_step = 2 * cfg.num_hidden_layers;
+            // NCCL's bus bandwidth of a ring all-reduce: 2(n-1)/n of the buffer per rank.
+            let bus = (floats * 4) as f64 * 2.0 * (tp - 1) as f64 / tp as f64 / (us * 1e-6) / 1e9;
+            println!("| {b} | {floats} | {us:.1} | {bus:.1} | {per_step} | {:.3} |", us * per_step as f64 / 1e3);
+        }
+        let ranks = group.into_iter().map(|g| -> Arc<dyn Collective<CudaBackend>> { g }).collect();
+        let opts = LoadOptions { mtp: false, expert_parallel: ep };
+        if dummy { LoadedModel::open_dummy_tensor_parallel_group(&dir, &demo, opts, bes, ranks) } else { LoadedModel::open_tensor_parallel_group(&dir, opts, bes, ranks) }
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+    };
     lm.model.set_kv_dtype(kv);
     let model = &lm.model;
     let c = &model.cfg;
     println!(
-        "model: {} ({} layers, hidden {}, {} experts top-{}, {}, {:?} latent cache); loaded in {:.1} s",
+        "model: {} ({} layers, hidden {}, {} experts top-{}, {}, {:?} latent cache){}; loaded in {:.1} s",
         dir.display(),
         c.num_hidden_layers,
         c.hidden_size,
@@ -158,6 +237,7 @@ fn main() {
         c.num_experts_per_tok,
         if c.fp8_block.is_some() { "fp8 block weights" } else { "bf16 weights" },
         kv,
+        if tp > 1 { format!(", tensor-parallel over {tp} GPUs (NCCL{})", if ep { ", whole experts per rank" } else { "" }) } else { String::new() },
         t.elapsed().as_secs_f64()
     );
     let be = &model.backend;
@@ -169,7 +249,7 @@ fn main() {
     let need = |b: usize, ctx: usize| b * (ctx + 2 * steps + 4).div_ceil(PAGE);
     let max_pages =
         batches.iter().flat_map(|&b| ctxs.iter().map(move |&x| need(b, x))).filter(|&p| p <= budget_pages).max().unwrap_or(0).max(prefill.iter().map(|p| p.div_ceil(PAGE)).max().unwrap_or(0));
-    let mut pool = be.alloc_kv_pool(model.kv_layout(max_pages, PAGE)).unwrap();
+    let mut pool = model.alloc_kv_pool(max_pages, PAGE).unwrap();
 
     println!();
     println!(
@@ -177,6 +257,9 @@ fn main() {
     );
     println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     println!("(step ms: the serving configuration, the step recorded as a CUDA graph and replayed; op by op: every kernel launched from the host)");
+    if tp > 1 {
+        println!("(tensor-parallel: bytes and % of copy BW are rank 0's — one GPU's; out tok/s is the group's)");
+    }
     for &ctx in &ctxs {
         for &b in &batches {
             if need(b, ctx) > max_pages {
@@ -225,12 +308,13 @@ fn main() {
                 }
                 (tot / steps as f64, enq / steps as f64, dl, fe)
             };
-            let (ops_step, ops_enq, _, _) = measure(false, 0);
+            // Op by op is measured on one GPU only (rank 0 alone cannot leave graphs under TP).
+            let (ops_step, ops_enq, _, _) = if tp == 1 { measure(false, 0) } else { (f64::NAN, f64::NAN, 0.0, 0.0) };
             let before = be.graph_stats();
             let (step, _, dl, fe) = measure(true, 2 + steps);
             let after = be.graph_stats();
             let recorded = after.replayed >= before.replayed + steps as u64;
-            let bytes = step_bytes(c, b, ctx, kv);
+            let bytes = step_bytes_rank(c, b, ctx, kv, tp);
             println!(
                 "| {b} | {ctx} | {:.3}{} | {:.0} | {:.2} | {:.0} | {:.1} % | {:.3} | {:.3} | {:.2} | {:.2} |",
                 step * 1e3,

@@ -15,6 +15,8 @@ impl CudaBackend {
             // f32 copies are made from the host matrix.
             return crate::ops::upload(self, &spec.host());
         }
+        // The window's place in each part's stream (`DummySpec::stream_index`).
+        let (cols64, base, stride) = (cols as i64, (spec.row0 * spec.stream_cols + spec.col0) as i64, spec.stream_cols as i64);
         match spec.fp8_block {
             None => {
                 let mut data = unsafe { self.stream.alloc::<u16>(rows * cols) }.map_err(dev)?;
@@ -24,7 +26,7 @@ impl CudaBackend {
                     let mut view = data.slice_mut(at..at + n);
                     let n64 = n as i64;
                     let mut l = self.stream.launch_builder(self.func("dummy_bf16"));
-                    l.arg(&mut view).arg(&n64).arg(&h).arg(&spec.scale);
+                    l.arg(&mut view).arg(&n64).arg(&cols64).arg(&base).arg(&stride).arg(&h).arg(&spec.scale);
                     unsafe { l.launch(flat(n)) }.map_err(dev)?;
                     at += n;
                 }
@@ -38,7 +40,7 @@ impl CudaBackend {
                     let mut view = bytes.slice_mut(at..at + n);
                     let n64 = n as i64;
                     let mut l = self.stream.launch_builder(self.func("dummy_fp8"));
-                    l.arg(&mut view).arg(&n64).arg(&h);
+                    l.arg(&mut view).arg(&n64).arg(&cols64).arg(&base).arg(&stride).arg(&h);
                     unsafe { l.launch(flat(n)) }.map_err(dev)?;
                     at += n;
                 }

@@ -113,7 +113,7 @@ fn linears_on_every_hip_path_match_cpu() {
             check(&format!("linear {name} {m} rows"), &g.download(&g.linear(&g.upload(&x).unwrap(), &wg).unwrap()).unwrap(), &c.linear(&x, &wc).unwrap(), 1e-4);
         }
     }
-    let spec = weft_backend::dummy::DummySpec { name: "w_fp8".into(), parts: vec![(7, 200)], cols: k, scale: 0.06, fp8_block: Some((128, 128)) };
+    let spec = weft_backend::dummy::DummySpec::new("w_fp8", vec![(7, 200)], k, 0.06, Some((128, 128)));
     let f = spec.host();
     let (wg, wc) = (g.upload_matrix(&f).unwrap(), c.upload_matrix(&f).unwrap());
     for m in [1usize, 5, 70] {

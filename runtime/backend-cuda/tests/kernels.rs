@@ -58,7 +58,7 @@ fn bf16_matrix(rng: &mut Rng, rows: usize, cols: usize, scale: f32) -> HostMatri
 /// An fp8 e4m3 matrix with 128×128 block scales, both backends load identically.
 fn fp8_matrix(rng: &mut Rng, rows: usize, cols: usize) -> HostMatrix<'static> {
     let h = rng.next();
-    let spec = weft_backend::dummy::DummySpec { name: "w_fp8".into(), parts: vec![(h, rows)], cols, scale: 1.0 / (cols as f32).sqrt(), fp8_block: Some((128, 128)) };
+    let spec = weft_backend::dummy::DummySpec::new("w_fp8", vec![(h, rows)], cols, 1.0 / (cols as f32).sqrt(), Some((128, 128)));
     let mut m = spec.host();
     // vary the scales so a wrong block index shows
     if let Some(s) = m.scales.as_mut() {
@@ -530,17 +530,22 @@ fn dummy_weights_on_device_equal_host_ones() {
     let Some(g) = gpu() else { return };
     use weft_backend::dummy::{name_hash, DummySpec};
     for fp8 in [None, Some((128, 128))] {
-        let spec = DummySpec { name: "model.layers.1.mlp.experts.3.gate_up".into(), parts: vec![(name_hash("a", 7), 300), (name_hash("b", 7), 300)], cols: 1024, scale: 0.03, fp8_block: fp8 };
-        let dev = g.dummy_matrix(&spec).expect("the CUDA backend generates dummies").unwrap();
-        let host = spec.host();
-        let bytes: Vec<u8> = match &dev.fp8 {
-            Some(f) => g.stream.clone_dtoh(&f.bytes).unwrap(),
-            None => g.stream.clone_dtoh(&dev.data).unwrap().iter().flat_map(|v| v.to_le_bytes()).collect(),
-        };
-        let same = bytes.iter().zip(host.bytes.iter()).filter(|(a, b)| a == b).count();
-        eprintln!("  dummy {:?}: {same}/{} bytes equal", fp8, host.bytes.len());
-        assert_eq!(bytes.len(), host.bytes.len());
-        assert!(bytes == &host.bytes[..], "device dummy differs from the host one");
+        let whole = DummySpec::new("model.layers.1.mlp.experts.3.gate_up", vec![(name_hash("a", 7), 300), (name_hash("b", 7), 300)], 1024, 0.03, fp8);
+        // A tensor-parallel rank's rows of both parts, and a window of columns.
+        let rows = whole.clone().rows_window(128..256).unwrap();
+        let window = rows.clone().cols_window(384..640).unwrap();
+        for spec in [whole, rows, window] {
+            let dev = g.dummy_matrix(&spec).expect("the CUDA backend generates dummies").unwrap();
+            let host = spec.host();
+            let bytes: Vec<u8> = match &dev.fp8 {
+                Some(f) => g.stream.clone_dtoh(&f.bytes).unwrap(),
+                None => g.stream.clone_dtoh(&dev.data).unwrap().iter().flat_map(|v| v.to_le_bytes()).collect(),
+            };
+            let same = bytes.iter().zip(host.bytes.iter()).filter(|(a, b)| a == b).count();
+            eprintln!("  dummy {} {:?}: {same}/{} bytes equal", spec.name, fp8, host.bytes.len());
+            assert_eq!(bytes.len(), host.bytes.len());
+            assert!(bytes == &host.bytes[..], "device dummy {} differs from the host one", spec.name);
+        }
     }
 }
 

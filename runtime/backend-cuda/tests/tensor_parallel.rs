@@ -48,6 +48,22 @@ fn lp(out: &GenerateOutput, i: usize, tok: u32) -> Option<f64> {
     out.prompt_logprobs[i].as_ref()?.iter().find(|(id, _)| *id == tok).map(|p| p.1)
 }
 
+/// `got` against `want` for `reqs`: the worst prompt log-probability difference, the greedy
+/// tokens agreeing before the first difference, and the tokens compared.
+fn agreement(reqs: &[GenerateRequest], got: &[GenerateOutput], want: &[GenerateOutput]) -> (f64, usize, usize) {
+    let (mut worst, mut agreed, mut total) = (0f64, 0, 0);
+    for ((q, got), want) in reqs.iter().zip(got).zip(want) {
+        for i in 1..q.prompt_ids.len() {
+            if let (Some(g), Some(w)) = (lp(got, i, q.prompt_ids[i]), lp(want, i, q.prompt_ids[i])) {
+                worst = worst.max((g - w).abs());
+            }
+        }
+        agreed += got.token_ids.iter().zip(&want.token_ids).take_while(|(a, b)| a == b).count();
+        total += want.token_ids.len();
+    }
+    (worst, agreed, total)
+}
+
 #[test]
 fn split_models_match_the_whole_model_on_one_gpu() {
     let Some(be) = backend() else { return };
@@ -79,17 +95,9 @@ fn split_models_match_the_whole_model_on_one_gpu() {
             let ranks: Vec<Vec<GenerateOutput>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
             let (mut worst, mut agreed, mut total) = (0f64, 0, 0);
             for outs in &ranks {
-                for (ci, (got, want)) in outs.iter().zip(&want).enumerate() {
-                    for i in 1..reqs[ci].prompt_ids.len() {
-                        let tok = reqs[ci].prompt_ids[i];
-                        if let (Some(g), Some(w)) = (lp(got, i, tok), lp(want, i, tok)) {
-                            worst = worst.max((g - w).abs());
-                        }
-                    }
-                    agreed += got.token_ids.iter().zip(&want.token_ids).take_while(|(a, b)| a == b).count();
-                    total += want.token_ids.len();
-                    assert_eq!(got.token_ids, ranks[0][ci].token_ids, "{name} TP={size}: ranks agree");
-                }
+                let (w, a, t) = agreement(&reqs, outs, &want);
+                (worst, agreed, total) = (worst.max(w), agreed + a, total + t);
+                assert!(outs.iter().zip(&ranks[0]).all(|(g, r0)| g.token_ids == r0.token_ids), "{name} TP={size}: ranks agree");
             }
             eprintln!("{name}: TP={size} (expert-parallel: {ep}) against TP=1 on the GPU: worst prompt logprob difference {worst:.1e}, greedy prefix {agreed}/{total} tokens");
             assert!(worst < tol, "{name} TP={size} EP={ep}: prompt logprobs differ by {worst}");
@@ -116,7 +124,7 @@ fn nccl_groups_match_the_whole_model() {
     let reqs = requests(&dir);
     let whole = LoadedModel::open(&dir, be).unwrap();
     let want: Vec<GenerateOutput> = reqs.iter().map(|q| generate(&whole.model, q).unwrap()).collect();
-    for (size, tol) in [(1usize, 1e-6), (2, 5e-3), (4, 5e-3)] {
+    for (size, ep, tol) in [(1usize, false, 1e-6), (2, false, 5e-3), (2, true, 5e-3), (4, false, 5e-3), (4, true, 5e-3)] {
         let backends = match (0..size).map(CudaBackend::new).collect::<Result<Vec<_>, _>>() {
             Ok(b) => b,
             Err(e) => {
@@ -127,23 +135,73 @@ fn nccl_groups_match_the_whole_model() {
         let refs: Vec<&CudaBackend> = backends.iter().collect();
         let ranks: Vec<Arc<dyn Collective<CudaBackend>>> = weft_cuda::nccl::nccl_group(&refs).unwrap().into_iter().map(|g| -> Arc<dyn Collective<CudaBackend>> { g }).collect();
         assert!(ranks.iter().all(|r| r.recordable()));
-        let lm = LoadedModel::open_tensor_parallel_group(&dir, LoadOptions::default(), backends, ranks).unwrap();
-        let (mut worst, mut agreed, mut total) = (0f64, 0, 0);
-        for (ci, (q, want)) in reqs.iter().zip(&want).enumerate() {
-            let got = generate(&lm.model, q).unwrap();
-            for i in 1..q.prompt_ids.len() {
-                if let (Some(g), Some(w)) = (lp(&got, i, q.prompt_ids[i]), lp(want, i, q.prompt_ids[i])) {
-                    worst = worst.max((g - w).abs());
-                }
-            }
-            agreed += got.token_ids.iter().zip(&want.token_ids).take_while(|(a, b)| a == b).count();
-            total += want.token_ids.len();
-            if size == 1 {
-                assert_eq!(got.token_ids, want.token_ids, "case {ci}: a group of one changed the output");
-            }
+        let lm = LoadedModel::open_tensor_parallel_group(&dir, LoadOptions { expert_parallel: ep, ..Default::default() }, backends, ranks).unwrap();
+        let got: Vec<GenerateOutput> = reqs.iter().map(|q| generate(&lm.model, q).unwrap()).collect();
+        let (worst, agreed, total) = agreement(&reqs, &got, &want);
+        if size == 1 {
+            assert!(got.iter().zip(&want).all(|(g, w)| g.token_ids == w.token_ids), "a group of one changed the output");
         }
-        eprintln!("TP={size} over NCCL against the whole model: worst prompt logprob difference {worst:.1e}, greedy prefix {agreed}/{total} tokens");
-        assert!(worst <= tol, "TP={size} over NCCL: prompt logprobs differ by {worst}");
-        assert!(agreed * 10 >= total * 9, "TP={size} over NCCL: greedy tokens agree on {agreed}/{total}");
+        let what = if ep { "expert-parallel" } else { "heads and intermediates split" };
+        eprintln!("TP={size} ({what}) over NCCL against the whole model: worst prompt logprob difference {worst:.1e}, greedy prefix {agreed}/{total} tokens");
+        assert!(worst <= tol, "TP={size} ({what}) over NCCL: prompt logprobs differ by {worst}");
+        assert!(agreed * 10 >= total * 9, "TP={size} ({what}) over NCCL: greedy tokens agree on {agreed}/{total}");
+    }
+}
+
+/// `--load-format dummy` under tensor parallelism: every rank generates only its shard on the
+/// device (`DummySpec` windows), which must hold what the unsplit dummy model holds there — so
+/// TP=2 (sliced and whole experts) answers as TP=1. The shape keeps every fp8 cut on the
+/// 128 × 128 scale grid (as DeepSeek-V3 / Kimi-K2 cuts are up to TP=8), so the device path
+/// generates the fp8 shards; the bf16 variant windows bf16 streams.
+#[test]
+fn dummy_shards_match_the_whole_dummy_model() {
+    let Some(be) = backend() else { return };
+    let tok = fixture("kimi-fp8-partial-blocks");
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(tok.join("config.json")).unwrap()).unwrap();
+    for (k, v) in [
+        ("hidden_size", 256),
+        ("intermediate_size", 512),
+        ("moe_intermediate_size", 256),
+        ("n_shared_experts", 1),
+        ("kv_lora_rank", 128),
+        ("qk_nope_head_dim", 32),
+        ("qk_rope_head_dim", 32),
+        ("v_head_dim", 64),
+    ] {
+        cfg[k] = v.into();
+    }
+    let reqs: Vec<GenerateRequest> = (0..3u32)
+        .map(|c| GenerateRequest {
+            prompt_ids: (0..12u32).map(|i| (i * 37 + c * 101 + 5) % 320).collect(),
+            max_tokens: 6,
+            params: SamplingParams { temperature: 0.0, ..Default::default() },
+            logprobs: Some(5),
+            stop_ids: vec![],
+        })
+        .collect();
+    let mut be = Some(be);
+    for fp8 in [true, false] {
+        let dir = std::env::temp_dir().join(format!("weft-dummy-tp-{}-{fp8}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut c = cfg.clone();
+        if !fp8 {
+            c.as_object_mut().unwrap().remove("quantization_config");
+        }
+        std::fs::write(dir.join("config.json"), c.to_string()).unwrap();
+        let whole = LoadedModel::open_dummy(&dir, be.take().unwrap_or_else(|| backend().unwrap()), &tok).unwrap();
+        let want: Vec<GenerateOutput> = reqs.iter().map(|q| generate(&whole.model, q).unwrap()).collect();
+        drop(whole);
+        for ep in [false, true] {
+            let lm = LoadedModel::open_dummy_tensor_parallel(&dir, &tok, 2, LoadOptions { expert_parallel: ep, ..Default::default() }, backend().unwrap(), |_| Ok(backend().unwrap())).unwrap();
+            let got: Vec<GenerateOutput> = reqs.iter().map(|q| generate(&lm.model, q).unwrap()).collect();
+            let (worst, agreed, total) = agreement(&reqs, &got, &want);
+            eprintln!(
+                "dummy {} TP=2 (expert-parallel: {ep}) against the whole dummy model: worst prompt logprob difference {worst:.1e}, greedy prefix {agreed}/{total} tokens",
+                if fp8 { "fp8" } else { "bf16" }
+            );
+            assert!(worst < 5e-3, "dummy TP=2 EP={ep} fp8={fp8}: prompt logprobs differ by {worst}");
+            assert!(agreed * 10 >= total * 8, "dummy TP=2 EP={ep} fp8={fp8}: greedy tokens agree on {agreed}/{total}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

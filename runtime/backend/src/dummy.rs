@@ -43,7 +43,10 @@ pub fn e4m3(x: f32) -> u8 {
 
 /// One dummy matrix: row blocks (each its own named stream, stacked: gate and up projections
 /// in one matrix) of `cols` columns, values scaled by `scale`, stored as bf16 or as fp8 with
-/// uniform block scales `scale / 448`.
+/// uniform block scales `scale / 448`. A tensor-parallel rank's shard is a window of the
+/// whole weight's streams ([`Self::rows_window`], [`Self::cols_window`]): element `(r, c)` of
+/// a part is element `(row0 + r) * stream_cols + col0 + c` of its stream, so every rank
+/// generates exactly its part of what an unsharded model holds.
 #[derive(Clone, Debug)]
 pub struct DummySpec {
     pub name: String,
@@ -53,11 +56,48 @@ pub struct DummySpec {
     pub scale: f32,
     /// `Some((block_rows, block_cols))`: fp8 e4m3 with that scale grid.
     pub fp8_block: Option<(usize, usize)>,
+    /// First row and column of the window, and the whole weight's width.
+    pub row0: usize,
+    pub col0: usize,
+    pub stream_cols: usize,
 }
 
 impl DummySpec {
+    /// The whole matrix: `parts` stacked, `cols` wide.
+    pub fn new(name: impl Into<String>, parts: Vec<(u64, usize)>, cols: usize, scale: f32, fp8_block: Option<(usize, usize)>) -> Self {
+        DummySpec { name: name.into(), parts, cols, scale, fp8_block, row0: 0, col0: 0, stream_cols: cols }
+    }
+
     pub fn rows(&self) -> usize {
         self.parts.iter().map(|p| p.1).sum()
+    }
+
+    /// Rows `r` of every part (`None` when a part is shorter than `r.end`).
+    pub fn rows_window(mut self, r: std::ops::Range<usize>) -> Option<Self> {
+        if r.start > r.end || self.parts.iter().any(|p| p.1 < r.end) {
+            return None;
+        }
+        self.row0 += r.start;
+        self.parts.iter_mut().for_each(|p| p.1 = r.len());
+        self.name = format!("{}[rows {}..{}]", self.name, r.start, r.end);
+        Some(self)
+    }
+
+    /// Columns `c` (`None` past the matrix's width).
+    pub fn cols_window(mut self, c: std::ops::Range<usize>) -> Option<Self> {
+        if c.start > c.end || c.end > self.cols {
+            return None;
+        }
+        self.col0 += c.start;
+        self.cols = c.len();
+        self.name = format!("{}[cols {}..{}]", self.name, c.start, c.end);
+        Some(self)
+    }
+
+    /// Stream index of element `i` (row-major) of a part of this window.
+    pub fn stream_index(&self, i: u64) -> u64 {
+        let cols = self.cols.max(1) as u64;
+        (self.row0 as u64 + i / cols) * self.stream_cols as u64 + self.col0 as u64 + i % cols
     }
 
     /// The matrix generated on the host.
@@ -67,8 +107,8 @@ impl DummySpec {
         for &(h, r) in &self.parts {
             let n = (r * cols) as u64;
             match self.fp8_block {
-                Some(_) => bytes.extend((0..n).map(|i| e4m3(value(h, i) * 448.0))),
-                None => bytes.extend((0..n).flat_map(|i| half::bf16::from_f32(value(h, i) * self.scale).to_bits().to_le_bytes())),
+                Some(_) => bytes.extend((0..n).map(|i| e4m3(value(h, self.stream_index(i)) * 448.0))),
+                None => bytes.extend((0..n).flat_map(|i| half::bf16::from_f32(value(h, self.stream_index(i)) * self.scale).to_bits().to_le_bytes())),
             }
         }
         let (dtype, scales) = match self.fp8_block {
@@ -107,11 +147,32 @@ mod tests {
 
     #[test]
     fn fp8_dummy_dequantizes_near_bf16_dummy() {
-        let spec = DummySpec { name: "w".into(), parts: vec![(name_hash("a", 1), 3), (name_hash("b", 1), 2)], cols: 256, scale: 0.1, fp8_block: None };
+        let spec = DummySpec::new("w", vec![(name_hash("a", 1), 3), (name_hash("b", 1), 2)], 256, 0.1, None);
         let fp8 = DummySpec { fp8_block: Some((128, 128)), ..spec.clone() };
         let (a, b) = (spec.host().to_f32().unwrap(), fp8.host().to_f32().unwrap());
         assert_eq!(a.len(), 5 * 256);
         let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
         assert!(worst < 0.1 / 16.0, "fp8 and bf16 dummies differ by {worst}");
+    }
+
+    /// A window holds what the same rows and columns of the whole matrix hold, part by part.
+    #[test]
+    fn windows_hold_the_whole_matrix_values() {
+        for fp8 in [None, Some((2, 2))] {
+            let whole = DummySpec::new("w", vec![(name_hash("g", 3), 6), (name_hash("u", 3), 6)], 10, 0.1, fp8);
+            let all = whole.host().to_f32().unwrap();
+            let rows = whole.clone().rows_window(2..5).unwrap();
+            let win = rows.clone().cols_window(3..7).unwrap();
+            let (got_rows, got) = (rows.host().to_f32().unwrap(), win.host().to_f32().unwrap());
+            assert_eq!((win.rows(), win.cols), (6, 4));
+            for p in 0..2 {
+                for r in 0..3 {
+                    let src = &all[(p * 6 + 2 + r) * 10..(p * 6 + 3 + r) * 10];
+                    assert_eq!(&got_rows[(p * 3 + r) * 10..(p * 3 + r + 1) * 10], src, "part {p} row {r}");
+                    assert_eq!(&got[(p * 3 + r) * 4..(p * 3 + r + 1) * 4], &src[3..7], "part {p} row {r} columns");
+                }
+            }
+            assert!(whole.clone().rows_window(4..7).is_none() && whole.cols_window(8..11).is_none());
+        }
     }
 }

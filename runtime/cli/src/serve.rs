@@ -177,8 +177,8 @@ fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String, second: impl Fn() 
     if a.expert_parallel && a.tensor_parallel < 2 {
         bail!("--expert-parallel splits the experts over --tensor-parallel ranks: give it at least 2");
     }
-    if a.tensor_parallel > 1 && (a.load_format == "dummy" || a.speculative.as_deref() == Some("mtp")) {
-        bail!("--tensor-parallel {} works with --load-format safetensors and without --speculative mtp", a.tensor_parallel);
+    if a.tensor_parallel > 1 && a.speculative.as_deref() == Some("mtp") {
+        bail!("--tensor-parallel {} works without --speculative mtp (the MTP drafter is not split yet)", a.tensor_parallel);
     }
     let dir = a.model.clone().unwrap_or_else(crate::default_model_dir);
     let name = a.served_model_name.clone().unwrap_or_else(|| std::fs::canonicalize(&dir).ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())).unwrap_or_else(|| "weft".into()));
@@ -190,7 +190,11 @@ fn run_on<B: Backend>(a: ServeArgs, backend: B, what: String, second: impl Fn() 
             LoadedModel::open_tensor_parallel(&dir, a.tensor_parallel, opts, backend, |_| second().map_err(|e| weft_backend::BackendError::Device(format!("{e:#}"))))
         }
         ("safetensors" | "auto", None) => LoadedModel::open_with(&dir, backend, opts),
-        ("dummy", _) => LoadedModel::open_dummy_with(&dir, backend, &crate::default_model_dir(), opts),
+        ("dummy", Some((followers, ranks))) => LoadedModel::open_dummy_tensor_parallel_group(&dir, &crate::default_model_dir(), opts, std::iter::once(backend).chain(followers).collect(), ranks),
+        ("dummy", None) if a.tensor_parallel > 1 => {
+            LoadedModel::open_dummy_tensor_parallel(&dir, &crate::default_model_dir(), a.tensor_parallel, opts, backend, |_| second().map_err(|e| weft_backend::BackendError::Device(format!("{e:#}"))))
+        }
+        ("dummy", None) => LoadedModel::open_dummy_with(&dir, backend, &crate::default_model_dir(), opts),
         (other, _) => bail!("--load-format {other}: expected safetensors or dummy"),
     }
     .with_context(|| format!("loading model from {}", dir.display()))?;

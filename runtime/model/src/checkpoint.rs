@@ -139,13 +139,13 @@ impl Checkpoint {
     pub fn dummy_spec(&self, name: &str, parts: &[(&str, usize)], cols: usize) -> Option<weft_backend::dummy::DummySpec> {
         let seed = self.dummy?;
         let fp8 = parts.iter().all(|p| fp8_in_checkpoints(p.0));
-        Some(weft_backend::dummy::DummySpec {
-            name: name.into(),
-            parts: parts.iter().map(|&(n, r)| (weft_backend::dummy::name_hash(n, seed), r)).collect(),
+        Some(weft_backend::dummy::DummySpec::new(
+            name,
+            parts.iter().map(|&(n, r)| (weft_backend::dummy::name_hash(n, seed), r)).collect(),
             cols,
-            scale: 1.0 / (cols.max(1) as f32).sqrt(),
-            fp8_block: if fp8 { self.fp8_block } else { None },
-        })
+            1.0 / (cols.max(1) as f32).sqrt(),
+            if fp8 { self.fp8_block } else { None },
+        ))
     }
 
     pub fn is_dummy(&self) -> bool {
