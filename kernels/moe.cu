@@ -93,19 +93,24 @@ __device__ void route_token(const float* logits, const float* bias, u32 E, u32 K
 // One block: plan[0] = number of active experts A, plan[1..1+A] their ids, then offsets
 // plan[1+MAXA .. 1+MAXA+A+1] into plan[2+2*MAXA ..] = the entries (t*k + j) each serves.
 // Entries of one expert are in no particular order; each is computed independently. `ids`
-// were written by other blocks of the same launch: read past L1 (volatile).
-__device__ void plan_experts(const volatile u32* ids, u32 n, u32 E, u32 maxa, u32* plan) {
+// were written by other blocks of the same launch: read past L1 (volatile). Only experts
+// first..first+held are planned (an expert-parallel rank's), by their index among those;
+// entries routed elsewhere are left out (moe_combine skips them).
+__device__ void plan_experts(const volatile u32* ids, u32 n, u32 E, u32 first, u32 held, u32 maxa, u32* plan) {
     __shared__ u32 count[MOE_MAX_EXPERTS], slot[MOE_MAX_EXPERTS], fill[MOE_MAX_EXPERTS];
-    for (u32 e = threadIdx.x; e < E; e += blockDim.x) { count[e] = 0; fill[e] = 0; }
+    for (u32 e = threadIdx.x; e < held; e += blockDim.x) { count[e] = 0; fill[e] = 0; }
     __syncthreads();
-    for (u32 i = threadIdx.x; i < n; i += blockDim.x) atomicAdd(&count[min(ids[i], E - 1)], 1u);
+    for (u32 i = threadIdx.x; i < n; i += blockDim.x) {
+        u32 e = min(ids[i], E - 1) - first;  // wraps past `held` below `first`
+        if (e < held) atomicAdd(&count[e], 1u);
+    }
     __syncthreads();
     u32* act = plan + 1;
     u32* off = plan + 1 + maxa;
     u32* ent = plan + 2 + 2 * maxa;
     if (threadIdx.x == 0) {
         u32 a = 0, o = 0;
-        for (u32 e = 0; e < E; e++) {
+        for (u32 e = 0; e < held; e++) {
             if (count[e]) { act[a] = e; off[a] = o; slot[e] = a; o += count[e]; a++; }
         }
         off[a] = o;
@@ -113,7 +118,8 @@ __device__ void plan_experts(const volatile u32* ids, u32 n, u32 E, u32 maxa, u3
     }
     __syncthreads();
     for (u32 i = threadIdx.x; i < n; i += blockDim.x) {
-        u32 e = min(ids[i], E - 1);
+        u32 e = min(ids[i], E - 1) - first;
+        if (e >= held) continue;
         u32 p = atomicAdd(&fill[e], 1u);
         ent[off[slot[e]] + p] = i;
     }
@@ -121,7 +127,7 @@ __device__ void plan_experts(const volatile u32* ids, u32 n, u32 E, u32 maxa, u3
 
 // Routing and the plan in one launch: one block per token routes it; the last block to finish
 // (a device-wide counter, reset by that block for the next launch) makes the plan.
-extern "C" __global__ void moe_route_plan(const float* logits, const float* bias, u32 E, u32 K, u32 n_group, u32 topk_group, int norm, float scaling, u32* ids, float* wts, u32 maxa, u32* plan, u32* counter) { WEFT_PDL_ENTRY();
+extern "C" __global__ void moe_route_plan(const float* logits, const float* bias, u32 E, u32 K, u32 n_group, u32 topk_group, int norm, float scaling, u32* ids, float* wts, u32 first, u32 held, u32 maxa, u32* plan, u32* counter) { WEFT_PDL_ENTRY();
     __shared__ bool last;
     route_token(logits, bias, E, K, n_group, topk_group, norm, scaling, ids, wts);
     __threadfence();
@@ -130,7 +136,7 @@ extern "C" __global__ void moe_route_plan(const float* logits, const float* bias
     __syncthreads();
     if (!last) return;
     __threadfence();
-    plan_experts(ids, gridDim.x * K, E, maxa, plan);
+    plan_experts(ids, gridDim.x * K, E, first, held, maxa, plan);
     if (threadIdx.x == 0) *counter = 0u;
 }
 
@@ -230,13 +236,17 @@ MOE_ENTRY(8)
 // out[t, :] = sum_j w[t*k + j] * y[t*k + j, :], slots summed in order (deterministic), then
 // + add[t, :] (the shared experts' output) when has_add. Block b covers token b / chunks and
 // blockDim dims of it: a single token spreads over hidden / blockDim blocks.
-extern "C" __global__ void moe_combine(const float* __restrict__ y, const float* __restrict__ wts, const float* __restrict__ add, int has_add, float* __restrict__ out, u32 k, u32 hidden) { WEFT_PDL_ENTRY();
+// out[t] = sum over the token's entries of their weight times their expert's output (+ add[t]);
+// only entries whose expert is among first..first+held (all of them unless expert-parallel: the
+// other ranks add theirs through the all-reduce).
+extern "C" __global__ void moe_combine(const float* __restrict__ y, const float* __restrict__ wts, const u32* __restrict__ ids, u32 first, u32 held, const float* __restrict__ add, int has_add, float* __restrict__ out, u32 k, u32 hidden) { WEFT_PDL_ENTRY();
     u32 chunks = (hidden + blockDim.x - 1) / blockDim.x;
     i64 t = blockIdx.x / chunks;
     u32 d = (blockIdx.x % chunks) * blockDim.x + threadIdx.x;
     if (d >= hidden) return;
     float s = 0.f;
-    for (u32 j = 0; j < k; j++) s += wts[t * k + j] * y[(t * k + j) * hidden + d];
+    for (u32 j = 0; j < k; j++)
+        if (ids[t * k + j] - first < held) s += wts[t * k + j] * y[(t * k + j) * hidden + d];
     if (has_add) s += add[t * hidden + d];
     out[t * hidden + d] = s;
 }

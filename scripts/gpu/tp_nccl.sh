@@ -22,7 +22,7 @@ if [[ " $STEPS " == *" test "* ]]; then
 echo "== tensor / expert parallelism over NCCL against the whole model"
 WEFT_REQUIRE_NCCL=1 timeout 300 .device/cuda-tensor_parallel-test --test-threads 1 --nocapture > "$OUT/tp-test.txt" 2>&1
 grep -E "NCCL|TP=|test |panicked|test result" "$OUT/tp-test.txt" | cut -c1-200
-[ -x .device/cuda-kernels-test ] && timeout 60 .device/cuda-kernels-test dummy --nocapture 2>&1 | grep -E "dummy|test result" | tee -a "$OUT/tp-test.txt"
+[ -x .device/cuda-kernels-test ] && timeout 120 .device/cuda-kernels-test dummy moe --nocapture 2>&1 | grep -E "dummy|moe|test result|panicked" | tee -a "$OUT/tp-test.txt"
 fi
 if [[ " $STEPS " == *" serve "* ]] && [ -n "${SERVE_DEMO:-}" ]; then
 echo "== weft serve --tensor-parallel $TP --collective nccl on the demo model (checkpoint files)"
@@ -37,6 +37,13 @@ fi
 KIMI_LAYERS=${KIMI_LAYERS:-$((NGPU >= 2 ? 6 * NGPU : 4))}
 KIMI_BIG=/tmp/kimi-k2-slice-$KIMI_LAYERS; mkdir -p $KIMI_BIG
 sed "s/\"num_hidden_layers\": 4/\"num_hidden_layers\": $KIMI_LAYERS/" $KIMI/config.json > $KIMI_BIG/config.json
+if [[ " $STEPS " == *" roofline-ep "* ]]; then
+R="--batch ${BATCH:-1,8,64,128} --ctx ${CTX:-1024,4096} --prefill ${PREFILL:-1024} --steps 8 --kv-cache-dtype bf16"
+for m in $MOON $KIMI; do
+  echo "== roofline $(basename $m) TP=$TP expert-parallel"
+  timeout 240 .device/roofline $m --dummy $R --tensor-parallel $TP --expert-parallel 2>&1 | grep -E "^\| [0-9]|^model|^\(tensor" | tee -a "$OUT/roofline-ep.md"
+done
+fi
 if [[ " $STEPS " == *" allreduce "* ]] || [[ " $STEPS " == *" roofline "* ]]; then
 R="--batch ${BATCH:-1,8,64,128} --ctx ${CTX:-1024,4096} --prefill ${PREFILL:-1024} --steps 8 --kv-cache-dtype bf16"
 for m in $MOON $KIMI; do
@@ -52,7 +59,7 @@ timeout 300 .device/roofline $KIMI_BIG --dummy $R --tensor-parallel $TP 2>&1 | g
 fi
 # weft serve + weft bench serve: random 1024-token prompts, 400 output tokens, ignore_eos.
 serve_bench() { # model port tensor-parallel concurrency-list label
-    local extra=(); [ "$3" -gt 1 ] && extra=(--tensor-parallel "$3" --collective nccl)
+    local extra=(); [ "$3" -gt 1 ] && extra=(--tensor-parallel "$3" --collective nccl ${EP_FLAG:-})
     .device/weft serve --backend cuda --port "$2" --model "$1" --load-format dummy --kv-cache-dtype bf16 --kv-memory-fraction 0.8 --max-sequences 128 --token-budget 2048 "${extra[@]}" > "$OUT/serve-$5.log" 2>&1 &
     local pid=$!
     for _ in $(seq 1 240); do curl -sf "http://127.0.0.1:$2/health" >/dev/null && break; sleep 0.5; done
@@ -63,5 +70,9 @@ serve_bench() { # model port tensor-parallel concurrency-list label
 }
 if [[ " $STEPS " == *" serve "* ]]; then
 SC=${SERVE_CONC:-1,8,32,64}
+if [ -n "${EP_FLAG:-}" ]; then
+serve_bench $KIMI 8034 $TP $SC kimi4-tp$TP-ep 2>&1 | tee "$OUT/serve-tp-ep.md"
+else
 { serve_bench $KIMI 8031 1 $SC kimi4-tp1; serve_bench $KIMI 8032 $TP $SC kimi4-tp$TP; serve_bench $KIMI_BIG 8033 $TP $SC kimi$KIMI_LAYERS-tp$TP; } 2>&1 | tee "$OUT/serve-tp.md"
+fi
 fi

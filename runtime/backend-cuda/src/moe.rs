@@ -143,7 +143,10 @@ impl CudaBackend {
     }
 
     /// Routing, experts and combine (plus the shared experts' output) on the device;
-    /// `[m, hidden]`.
+    /// `[m, hidden]`. `experts` are the routed experts `first..` (all of them, or an
+    /// expert-parallel rank's range): every token is routed over all experts, only pairs whose
+    /// expert is held here are computed and combined.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn moe_on_device(
         &self,
         x: &CudaSlice<f32>,
@@ -151,13 +154,15 @@ impl CudaBackend {
         bias: &CudaSlice<f32>,
         cfg: &RouterConfig,
         experts: &[ExpertWeights<CudaMatrix>],
+        first: usize,
         m: usize,
         hidden: usize,
         shared: Option<&CudaSlice<f32>>,
     ) -> Result<CudaSlice<f32>> {
         let (e, k) = (cfg.n_experts, cfg.top_k);
         let n = m * k;
-        let maxa = e.min(n);
+        let maxa = experts.len().min(n);
+        let (first32, held32) = (first as u32, experts.len() as u32);
         let inter = experts[0].inter;
         let tables = self.expert_tables(experts)?;
         let mut ids = self.alloc::<u32>(n)?;
@@ -167,7 +172,7 @@ impl CudaBackend {
         let maxa32 = maxa as u32;
         let counter = self.moe_counter.lock().unwrap();
         let mut l = self.stream.launch_builder(self.func("moe_route_plan"));
-        l.arg(gate_logits).arg(bias).arg(&e32).arg(&k32).arg(&ng).arg(&tg).arg(&norm).arg(&sc).arg(&mut ids).arg(&mut wts).arg(&maxa32).arg(&mut plan).arg(&*counter);
+        l.arg(gate_logits).arg(bias).arg(&e32).arg(&k32).arg(&ng).arg(&tg).arg(&norm).arg(&sc).arg(&mut ids).arg(&mut wts).arg(&first32).arg(&held32).arg(&maxa32).arg(&mut plan).arg(&*counter);
         unsafe { l.launch(LaunchConfig { grid_dim: (m as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }) }.map_err(dev)?;
         drop(counter);
 
@@ -211,7 +216,7 @@ impl CudaBackend {
         let add = shared.unwrap_or(&y);
         let has_add = shared.is_some() as i32;
         let mut l = self.stream.launch_builder(self.func("moe_combine"));
-        l.arg(&y).arg(&wts).arg(add).arg(&has_add).arg(&mut out).arg(&k32).arg(&h32);
+        l.arg(&y).arg(&wts).arg(&ids).arg(&first32).arg(&held32).arg(add).arg(&has_add).arg(&mut out).arg(&k32).arg(&h32);
         let combine_threads = 128u32;
         let blocks = m * hidden.div_ceil(combine_threads as usize);
         unsafe { l.launch(LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (combine_threads, 1, 1), shared_mem_bytes: 0 }) }.map_err(dev)?;

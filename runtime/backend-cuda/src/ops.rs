@@ -525,8 +525,8 @@ impl Backend for CudaBackend {
 
 impl CudaBackend {
     /// MoE of the routed experts `first..` this backend holds (all of them unless
-    /// expert-parallel): the device path when it holds every expert and the batch fits it (its
-    /// plan and expert tables assume every expert), else routing on the host.
+    /// expert-parallel): the device path when the batch fits it (it routes over every expert
+    /// and computes the pairs of the ones held), else routing on the host.
     #[allow(clippy::too_many_arguments)]
     fn moe_held(
         &self,
@@ -541,8 +541,8 @@ impl CudaBackend {
         let m = check_rows("moe", gate_logits.len(), cfg_r.n_experts)?;
         let hidden = check_rows("moe", x.len(), m.max(1))?;
         weft_backend::check_moe_shared(shared.map(|s| s.len()), x.len())?;
-        if experts.len() == cfg_r.n_experts && self.moe_on_device_fits(cfg_r, experts, m) {
-            return self.moe_on_device(x, gate_logits, bias, cfg_r, experts, m, hidden, shared);
+        if !experts.is_empty() && self.moe_on_device_fits(cfg_r, experts, m) {
+            return self.moe_on_device(x, gate_logits, bias, cfg_r, experts, first, m, hidden, shared);
         }
         let mut out = self.moe_host_routed(x, gate_logits, bias, cfg_r, experts, first, m, hidden)?;
         if let Some(s) = shared {

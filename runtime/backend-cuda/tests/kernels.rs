@@ -432,6 +432,47 @@ fn moe_decode_path_matches_cpu() {
     }
 }
 
+/// An expert-parallel rank's MoE (`moe_local`, experts `first..first + held`) against the CPU's,
+/// on the device path (routing over every expert, only the held experts' pairs computed and
+/// combined: m = 1, 5, 24, mma on and off) and host routing (m = 300); the ranks' outputs add
+/// up to the whole layer's. bf16 and fp8 experts.
+#[test]
+fn moe_expert_subsets_match_cpu() {
+    let Some(mut g) = gpu() else { return };
+    let c = CpuBackend::new();
+    let mut r = Rng(17);
+    for fp8 in [false, true] {
+        let (hidden, inter, e) = if fp8 { (1024, 256, 16) } else { (1024, 352, 16) };
+        let cfg = RouterConfig { n_experts: e, top_k: 4, n_group: 1, topk_group: 1, norm_topk_prob: true, routed_scaling_factor: 2.5 };
+        let experts =
+            if fp8 { experts_on_both(&g, &c, &mut r, e, hidden, inter, fp8_matrix) } else { experts_on_both(&g, &c, &mut r, e, hidden, inter, |r, rows, cols| bf16_matrix(r, rows, cols, 0.05)) };
+        for (mma, m) in [(true, 1usize), (true, 5), (true, 24), (false, 5), (true, 300)] {
+            g.mma = mma;
+            let x = r.vec(m * hidden, 1.0);
+            let logits = r.vec(m * e, 3.0);
+            let bias = r.vec(e, 0.3);
+            let (xg, lg, bg) = (g.upload(&x).unwrap(), g.upload(&logits).unwrap(), g.upload(&bias).unwrap());
+            let whole = c.moe(&x, &logits, &bias, &cfg, &experts.1, None).unwrap();
+            let mut sum = vec![0f32; m * hidden];
+            // Host routing dequantizes fp8 experts to bf16 for cuBLAS (FP8_COPY_TOL).
+            let tol = if m <= 100 {
+                MMA_TOL
+            } else if fp8 {
+                FP8_COPY_TOL
+            } else {
+                GEMM_TOL
+            };
+            for (first, held) in [(0, 8), (8, 8)] {
+                let got = g.download(&g.moe_local(&xg, &lg, &bg, &cfg, &experts.0[first..first + held], first, None).unwrap()).unwrap();
+                let want = c.moe_local(&x, &logits, &bias, &cfg, &experts.1[first..first + held], first, None).unwrap();
+                check(&format!("moe_local fp8={fp8} experts {first}..{} m={m} mma={mma}", first + held), &got, &want, tol);
+                sum.iter_mut().zip(&got).for_each(|(s, v)| *s += v);
+            }
+            check(&format!("moe_local fp8={fp8} m={m}: ranks add up to the whole layer"), &sum, &whole, tol);
+        }
+    }
+}
+
 /// Random latents of `len` tokens (positions 0..len, pages of 64 from `table`) stored into
 /// `layer` of both pools.
 fn store_latents(g: &CudaBackend, c: &CpuBackend, pools: (&mut <CudaBackend as Backend>::KvPool, &mut <CpuBackend as Backend>::KvPool), layer: usize, table: &[u32], len: usize, r: &mut Rng) {
