@@ -38,7 +38,6 @@ mod mla_prefill;
 mod moe;
 #[cfg(feature = "cuda")]
 mod moe_grouped;
-#[cfg(feature = "cuda")]
 pub mod nccl;
 mod ops;
 #[cfg(feature = "cuda")]

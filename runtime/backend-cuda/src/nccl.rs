@@ -1,4 +1,5 @@
-//! Tensor-parallel collectives over NCCL: one communicator per rank, each bound to its rank's
+//! Tensor-parallel collectives over NCCL (RCCL in the HIP build, through `weft_hip_driver::nccl`,
+//! which also has a host-memory group for the mock runtime): one communicator per rank, each bound to its rank's
 //! backend stream, so an all-reduce is ordered with the kernels around it and can be recorded
 //! into the rank's step graphs ([`Collective::recordable`]). One process, one thread per GPU
 //! (`weft_model::tp::Followers`); communicators come from `ncclCommInitAll` over the ranks'
@@ -38,7 +39,8 @@ pub fn nccl_available() -> bool {
 /// An NCCL group over `ranks` (rank order = slice order), one backend per device.
 pub fn nccl_group(ranks: &[&CudaBackend]) -> Result<Vec<Arc<NcclRank>>> {
     if !nccl_available() {
-        return Err(BackendError::Unavailable { backend: BACKEND, reason: "the NCCL library (libnccl.so) is not on the loader path".into() });
+        let lib = if cfg!(feature = "cuda") { "NCCL library (libnccl.so)" } else { "RCCL library (librccl.so)" };
+        return Err(BackendError::Unavailable { backend: BACKEND, reason: format!("the {lib} is not on the loader path") });
     }
     let mut ordinals: Vec<usize> = ranks.iter().map(|b| b.stream.context().ordinal()).collect();
     ordinals.sort_unstable();

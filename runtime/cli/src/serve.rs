@@ -116,7 +116,8 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 1)]
     tensor_parallel: usize,
     /// How tensor-parallel ranks sum partial results: `local` (threads on the one --device,
-    /// through host memory: checks the sharded math anywhere) or `nccl` (one GPU per rank, on
+    /// through host memory: checks the sharded math anywhere) or `nccl` (one GPU per rank — RCCL
+    /// in the AMD build, librccl.so on the loader path — on
     /// devices N..N+size-1 from --device cuda:N; step graphs record the all-reduces; needs
     /// libnccl.so on the loader path).
     #[arg(long, default_value = "local")]
@@ -140,7 +141,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             let what = format!("{what}, NCCL");
             run_on(a, ranks.0, what, move || crate::backend::cuda(&device), Some((ranks.1, ranks.2)))
         }
-        ("nccl", _) => bail!("--collective nccl needs --backend cuda and --tensor-parallel of at least 2"),
+        ("nccl", _) => bail!("--collective nccl needs a GPU backend (cuda, or hip with RCCL) and --tensor-parallel of at least 2"),
         (other, _) => bail!("--collective {other}: expected local or nccl"),
     }
 }
@@ -148,20 +149,13 @@ pub fn run(a: ServeArgs) -> Result<()> {
 /// Rank 0 on `lead`'s device, ranks 1.. on the devices after it, and their NCCL group.
 #[allow(clippy::type_complexity)]
 fn nccl_ranks(lead: weft_cuda::CudaBackend, size: usize) -> Result<(weft_cuda::CudaBackend, Vec<weft_cuda::CudaBackend>, Vec<Arc<dyn weft_backend::Collective<weft_cuda::CudaBackend>>>)> {
-    #[cfg(feature = "cuda")]
-    {
-        let first = lead.stream.context().ordinal();
-        let followers = (1..size).map(|r| weft_cuda::CudaBackend::new(first + r).with_context(|| format!("tensor-parallel rank {r} on device {}", first + r))).collect::<Result<Vec<_>>>()?;
-        let all: Vec<&weft_cuda::CudaBackend> = std::iter::once(&lead).chain(followers.iter()).collect();
-        let group = weft_cuda::nccl::nccl_group(&all)?;
-        let ranks = group.into_iter().map(|g| -> Arc<dyn weft_backend::Collective<weft_cuda::CudaBackend>> { g }).collect();
-        Ok((lead, followers, ranks))
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        let _ = (lead, size);
-        bail!("--collective nccl: this build drives AMD GPUs; RCCL is not wired yet (use --collective local)")
-    }
+    // NCCL on NVIDIA; the HIP build's `weft_cuda::nccl` is RCCL.
+    let first = lead.stream.context().ordinal();
+    let followers = (1..size).map(|r| weft_cuda::CudaBackend::new(first + r).with_context(|| format!("tensor-parallel rank {r} on device {}", first + r))).collect::<Result<Vec<_>>>()?;
+    let all: Vec<&weft_cuda::CudaBackend> = std::iter::once(&lead).chain(followers.iter()).collect();
+    let group = weft_cuda::nccl::nccl_group(&all)?;
+    let ranks = group.into_iter().map(|g| -> Arc<dyn weft_backend::Collective<weft_cuda::CudaBackend>> { g }).collect();
+    Ok((lead, followers, ranks))
 }
 
 /// `group`: the other ranks' backends and every rank's collective, when the caller built the

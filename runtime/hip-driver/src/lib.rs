@@ -1,5 +1,5 @@
 //! weft-cuda's host code drives AMD GPUs through this crate: it implements the part of
-//! cudarc's API that weft-cuda uses (`driver`, `nvrtc`, `cublas`) over HIP, and weft-cuda's
+//! cudarc's API that weft-cuda uses (`driver`, `nvrtc`, `cublas`, `nccl` — RCCL) over HIP, and weft-cuda's
 //! `hip` feature names it in cudarc's place. Underneath, every runtime call goes through one
 //! `Api` (the FFI boundary): `sdk` is libamdhip64 + hiprtc through hip-sys, `mock` keeps device
 //! memory in host memory and hands kernel launches to a launcher the embedding crate installs
@@ -13,6 +13,7 @@ pub mod cublas;
 pub mod driver;
 #[cfg(feature = "mock")]
 pub mod mock;
+pub mod nccl;
 pub mod nvrtc;
 #[cfg(feature = "sdk")]
 mod sdk;

@@ -89,16 +89,20 @@ impl State {
     }
 }
 
+/// Devices the mock reports (all sharing its host memory): enough for tensor-parallel groups
+/// of 2 and 4 over the mock RCCL (`nccl.rs`).
+const MOCK_DEVICES: usize = 4;
+
 impl Api for Mock {
     fn device_count(&self) -> Res<usize> {
-        Ok(1)
+        Ok(MOCK_DEVICES)
     }
     fn set_device(&self, ordinal: usize) -> Res<()> {
-        if ordinal == 0 {
+        if ordinal < MOCK_DEVICES {
             BOUND.with(|b| b.set(true));
             Ok(())
         } else {
-            Err(err(format!("hipSetDevice({ordinal}): the mock has one device")))
+            Err(err(format!("hipSetDevice({ordinal}): the mock has {MOCK_DEVICES} devices")))
         }
     }
     fn device_name(&self, _ordinal: usize) -> Res<String> {
