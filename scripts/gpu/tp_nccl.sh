@@ -3,7 +3,7 @@
 # binaries of scripts/gpu/build_device.sh in .device/: tensor and expert parallelism over NCCL,
 # one GPU per rank. STEPS picks parts (default "test roofline serve"):
 #   test      .device/cuda-tensor_parallel-test: TP/EP over NCCL = the whole model (fixtures)
-#   allreduce .device/roofline --allreduce-only: NCCL all-reduce time per step's sizes
+#   allreduce .device/roofline --allreduce-only: NCCL all-reduce times, default and AR_ENVS settings
 #   roofline  .device/roofline --tensor-parallel 1 and N: decode step times, Moonlight and Kimi
 #   serve     weft serve --tensor-parallel N --collective nccl + weft bench serve 1024/400
 # Logs go to $OUT. NVLink multicast stays off (NCCL_NVLS_ENABLE=0): a shared machine.
@@ -37,6 +37,18 @@ fi
 KIMI_LAYERS=${KIMI_LAYERS:-$((NGPU >= 2 ? 6 * NGPU : 4))}
 KIMI_BIG=/tmp/kimi-k2-slice-$KIMI_LAYERS; mkdir -p $KIMI_BIG
 sed "s/\"num_hidden_layers\": 4/\"num_hidden_layers\": $KIMI_LAYERS/" $KIMI/config.json > $KIMI_BIG/config.json
+if [[ " $STEPS " == *" allreduce "* ]]; then
+echo "== NCCL all-reduce under NCCL settings (AR_ENVS, ';'-separated)"
+NCCL_DEBUG=VERSION timeout 60 .device/roofline $MOON --dummy --batch 1 --tensor-parallel $TP --allreduce-only 2>&1 | grep -i "nccl version" | head -1 | tee -a "$OUT/allreduce.md"
+IFS=';' read -ra envs <<< "${AR_ENVS:-NCCL_PROTO=Simple;NCCL_PROTO=LL;NCCL_PROTO=LL128;NCCL_ALGO=Tree;NCCL_ALGO=Ring}"
+for e in "default" "${envs[@]}"; do
+  for m in $MOON $KIMI; do
+    echo "-- $e $(basename $m)" | tee -a "$OUT/allreduce.md"
+    if [ "$e" = default ]; then v=; else v=$e; fi
+    env $v timeout 60 .device/roofline $m --dummy --batch 1,8,64,128 --tensor-parallel $TP --allreduce-only 2>&1 | grep -E "^\| [0-9]" | tee -a "$OUT/allreduce.md"
+  done
+done
+fi
 if [[ " $STEPS " == *" roofline-ep "* ]]; then
 R="--batch ${BATCH:-1,8,64,128} --ctx ${CTX:-1024,4096} --prefill ${PREFILL:-1024} --steps 8 --kv-cache-dtype bf16"
 for m in $MOON $KIMI; do
@@ -44,7 +56,7 @@ for m in $MOON $KIMI; do
   timeout 240 .device/roofline $m --dummy $R --tensor-parallel $TP --expert-parallel 2>&1 | grep -E "^\| [0-9]|^model|^\(tensor" | tee -a "$OUT/roofline-ep.md"
 done
 fi
-if [[ " $STEPS " == *" allreduce "* ]] || [[ " $STEPS " == *" roofline "* ]]; then
+if [[ " $STEPS " == *" roofline "* ]]; then
 R="--batch ${BATCH:-1,8,64,128} --ctx ${CTX:-1024,4096} --prefill ${PREFILL:-1024} --steps 8 --kv-cache-dtype bf16"
 for m in $MOON $KIMI; do
   for t in 1 $TP; do

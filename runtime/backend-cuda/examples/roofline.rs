@@ -22,7 +22,7 @@
 //! and lm_head), and a table of NCCL all-reduce times at each batch's size comes first: per
 //! call and per step (two all-reduces a layer).
 //!
-//! `roofline DIR --dummy [--batch 1,8,32,64] [--ctx 1024,4096] [--prefill 1024] [--steps 8] [--kv-cache-dtype f32|bf16] [--tensor-parallel N [--expert-parallel]]`
+//! `roofline DIR --dummy [--batch 1,8,32,64] [--ctx 1024,4096] [--prefill 1024] [--steps 8] [--kv-cache-dtype f32|bf16] [--tensor-parallel N [--expert-parallel] [--allreduce-only]]`
 
 use std::path::PathBuf;
 use std::sync::{Arc, Barrier};
@@ -219,6 +219,9 @@ fn main() {
             // NCCL's bus bandwidth of a ring all-reduce: 2(n-1)/n of the buffer per rank.
             let bus = (floats * 4) as f64 * 2.0 * (tp - 1) as f64 / tp as f64 / (us * 1e-6) / 1e9;
             println!("| {b} | {floats} | {us:.1} | {bus:.1} | {per_step} | {:.3} |", us * per_step as f64 / 1e3);
+        }
+        if args.iter().any(|a| a == "--allreduce-only") {
+            return;
         }
         let ranks = group.into_iter().map(|g| -> Arc<dyn Collective<CudaBackend>> { g }).collect();
         let opts = LoadOptions { mtp: false, expert_parallel: ep };
