@@ -15,9 +15,12 @@ use cudarc::nccl::safe::{Comm, ReduceOp};
 use std::sync::{Arc, Mutex};
 use weft_backend::{BackendError, Collective, Result};
 
+/// The communicators of one group, one per rank; `None` once the group is aborted.
+type Comms = Arc<Vec<Mutex<Option<Comm>>>>;
+
 /// Rank `rank` of an NCCL group.
 pub struct NcclRank {
-    comm: Mutex<Comm>,
+    comms: Comms,
     rank: usize,
     size: usize,
     /// Shared by the group's ranks: the first failure, after which every rank's collectives
@@ -25,8 +28,8 @@ pub struct NcclRank {
     failed: Arc<Mutex<Option<String>>>,
 }
 
-// SAFETY: the communicator is a handle NCCL allows any thread to use one call at a time; the
-// mutex serialises the calls (each rank's forward pass runs on one thread anyway).
+// SAFETY: a communicator is a handle NCCL allows any thread to use one call at a time; each
+// sits behind its mutex (each rank's forward pass runs on one thread anyway).
 unsafe impl Send for NcclRank {}
 unsafe impl Sync for NcclRank {}
 
@@ -48,8 +51,10 @@ pub fn nccl_group(ranks: &[&CudaBackend]) -> Result<Vec<Arc<NcclRank>>> {
         return Err(BackendError::Device(format!("NCCL needs one GPU per rank; devices {ordinals:?} repeat one (use the host-memory group on one GPU)")));
     }
     let comms = Comm::from_devices(ranks.iter().map(|b| b.stream.clone()).collect()).map_err(|e| BackendError::Device(format!("NCCL communicators for {} ranks: {e:?}", ranks.len())))?;
-    let (size, failed) = (comms.len(), Arc::new(Mutex::new(None)));
-    Ok(comms.into_iter().enumerate().map(|(rank, comm)| Arc::new(NcclRank { comm: Mutex::new(comm), rank, size, failed: failed.clone() })).collect())
+    let size = comms.len();
+    let comms: Comms = Arc::new(comms.into_iter().map(|c| Mutex::new(Some(c))).collect());
+    let failed = Arc::new(Mutex::new(None));
+    Ok((0..size).map(|rank| Arc::new(NcclRank { comms: comms.clone(), rank, size, failed: failed.clone() })).collect())
 }
 
 impl Collective<CudaBackend> for NcclRank {
@@ -62,10 +67,14 @@ impl Collective<CudaBackend> for NcclRank {
     }
 
     fn all_reduce_sum(&self, _be: &CudaBackend, x: &mut CudaSlice<f32>) -> Result<()> {
-        if let Some(why) = self.failed.lock().unwrap().as_ref() {
+        if let Some(why) = self.failure() {
             return Err(BackendError::Device(format!("tensor-parallel group failed: {why}")));
         }
-        self.comm.lock().unwrap().all_reduce_in_place(x, &ReduceOp::Sum).map_err(|e| BackendError::Device(format!("NCCL all-reduce of {} floats on rank {}: {e:?}", x.len(), self.rank)))?;
+        let comm = self.comms[self.rank].lock().unwrap();
+        let Some(comm) = comm.as_ref() else {
+            return Err(BackendError::Device("tensor-parallel group failed: its communicators were aborted".into()));
+        };
+        comm.all_reduce_in_place(x, &ReduceOp::Sum).map_err(|e| BackendError::Device(format!("NCCL all-reduce of {} floats on rank {}: {e:?}", x.len(), self.rank)))?;
         Ok(())
     }
 
@@ -73,10 +82,41 @@ impl Collective<CudaBackend> for NcclRank {
         true
     }
 
-    /// Marks the whole group failed: every rank's later collectives error. A collective a peer
-    /// has already enqueued still waits for this rank's part (NCCL cancels only by destroying
-    /// the communicator); the tensor-parallel driver stops every rank at the same step.
+    /// Marks the whole group failed (every rank's later collectives and steps error) and
+    /// aborts every rank's communicator (`ncclCommAbort`, through dropping it): a collective
+    /// a peer has already enqueued — which would wait on its GPU for this rank's part forever —
+    /// exits, so no rank's stream hangs. A communicator whose rank is inside an NCCL call for
+    /// more than two seconds is left alone (that rank errors on its next collective instead).
     fn abort(&self, reason: &str) {
-        self.failed.lock().unwrap().get_or_insert_with(|| reason.to_string());
+        {
+            let mut failed = self.failed.lock().unwrap();
+            if failed.is_some() {
+                return; // already failed, and aborted by whoever failed it first
+            }
+            *failed = Some(reason.to_string());
+        }
+        for (r, slot) in self.comms.iter().enumerate() {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+            let comm = loop {
+                match slot.try_lock() {
+                    Ok(mut c) => break c.take(),
+                    Err(_) if std::time::Instant::now() < deadline => std::thread::sleep(std::time::Duration::from_millis(1)),
+                    Err(_) => {
+                        tracing::warn!(rank = r, "NCCL communicator busy for 2 s: not aborted");
+                        break None;
+                    }
+                }
+            };
+            // cudarc's Drop aborts the communicator and panics if NCCL reports an error there.
+            if let Some(c) = comm {
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(c))).is_err() {
+                    tracing::warn!(rank = r, "ncclCommAbort reported an error");
+                }
+            }
+        }
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.failed.lock().unwrap().clone()
     }
 }

@@ -265,6 +265,7 @@ fn tensor_parallel_over_the_rccl_path() {
         let backends: Vec<CudaBackend> = (0..size).map(|d| CudaBackend::new(d).unwrap()).collect();
         let group = weft_cuda::nccl::nccl_group(&backends.iter().collect::<Vec<_>>()).unwrap();
         let ranks: Vec<Arc<dyn Collective<CudaBackend>>> = group.into_iter().map(|g| -> Arc<dyn Collective<CudaBackend>> { g }).collect();
+        let last = ranks[size - 1].clone();
         let lm = weft_model::LoadedModel::open_tensor_parallel_group(&dir, weft_model::LoadOptions { expert_parallel: ep, ..Default::default() }, backends, ranks).unwrap();
         let got = generate(&lm.model, &req).unwrap();
         let mut worst = 0f64;
@@ -275,5 +276,8 @@ fn tensor_parallel_over_the_rccl_path() {
         eprintln!("TP={size} (expert-parallel: {ep}) over the HIP build's collective (mock RCCL): worst prompt logprob difference {worst:.1e}, greedy {:?}", got.token_ids);
         assert!(worst < 1e-3, "TP={size} EP={ep}: prompt logprobs differ by {worst}");
         assert_eq!(got.token_ids, want.token_ids, "TP={size} EP={ep}: greedy tokens");
+        last.abort("test: the last rank gave up");
+        let err = generate(&lm.model, &req).expect_err("an aborted group must fail its next step").to_string();
+        assert!(err.contains("group failed"), "{err}");
     }
 }

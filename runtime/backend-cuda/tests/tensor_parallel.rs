@@ -135,6 +135,7 @@ fn nccl_groups_match_the_whole_model() {
         let refs: Vec<&CudaBackend> = backends.iter().collect();
         let ranks: Vec<Arc<dyn Collective<CudaBackend>>> = weft_cuda::nccl::nccl_group(&refs).unwrap().into_iter().map(|g| -> Arc<dyn Collective<CudaBackend>> { g }).collect();
         assert!(ranks.iter().all(|r| r.recordable()));
+        let last = ranks[size - 1].clone();
         let lm = LoadedModel::open_tensor_parallel_group(&dir, LoadOptions { expert_parallel: ep, ..Default::default() }, backends, ranks).unwrap();
         let got: Vec<GenerateOutput> = reqs.iter().map(|q| generate(&lm.model, q).unwrap()).collect();
         let (worst, agreed, total) = agreement(&reqs, &got, &want);
@@ -145,6 +146,11 @@ fn nccl_groups_match_the_whole_model() {
         eprintln!("TP={size} ({what}) over NCCL against the whole model: worst prompt logprob difference {worst:.1e}, greedy prefix {agreed}/{total} tokens");
         assert!(worst <= tol, "TP={size} ({what}) over NCCL: prompt logprobs differ by {worst}");
         assert!(agreed * 10 >= total * 9, "TP={size} ({what}) over NCCL: greedy tokens agree on {agreed}/{total}");
+        // A rank giving up aborts every communicator: the next step errors on rank 0 instead of
+        // replaying recorded all-reduces that would wait for that rank forever.
+        last.abort("test: the last rank gave up");
+        let err = generate(&lm.model, &reqs[0]).expect_err("a step of an aborted group must fail").to_string();
+        assert!(err.contains("group failed") && err.contains("gave up"), "{err}");
     }
 }
 

@@ -27,6 +27,12 @@ pub trait Collective<B: Backend>: Send + Sync {
     /// every rank's current and later collectives return an error instead of waiting for it or
     /// pairing mismatched steps.
     fn abort(&self, reason: &str);
+    /// Why the group failed, once it has ([`Self::abort`] or a failed collective). A rank
+    /// checks it before each step: a recorded step replays its collectives without calling
+    /// [`Self::all_reduce_sum`], so only this keeps a failed group from replaying them.
+    fn failure(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Which slice of the model a rank holds: rank `rank` of `size`. Attention heads and dense
@@ -162,6 +168,10 @@ impl<B: Backend> Collective<B> for LocalRank {
 
     fn abort(&self, reason: &str) {
         let _ = self.group.poison(format!("rank {}: {reason}", self.rank));
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.group.state.lock().unwrap().poisoned.clone()
     }
 
     fn all_reduce_sum(&self, be: &B, x: &mut B::Buf) -> Result<()> {

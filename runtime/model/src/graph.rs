@@ -125,6 +125,9 @@ impl<B: Backend> DeepseekV3<B> {
         let Some(g) = self.group.as_ref() else {
             return self.backend.run_step(pool, batch, out_len, &mut |pool| self.forward_ops(pool, batch));
         };
+        if let Some(why) = g.failure() {
+            return Err(weft_backend::BackendError::Device(format!("tensor-parallel group failed: {why}")));
+        }
         if let Some(f) = &self.followers {
             if let Err(e) = f.step(batch) {
                 g.abort(&e);

@@ -115,3 +115,21 @@ fn dummy_models_split_like_checkpoints() {
         }
     }
 }
+
+/// A rank that gives up fails the whole group: rank 0's next step returns an error (a clear
+/// one, naming the reason) instead of waiting for the missing rank, and so do later steps.
+#[test]
+fn an_aborted_group_fails_its_next_steps() {
+    let dir = fixture("v3-qlora-yarn-groups");
+    let req = GenerateRequest { max_tokens: 2, ..requests(&dir).remove(0) };
+    let group = LocalGroup::new(2);
+    let ranks: Vec<Arc<dyn Collective<CpuBackend>>> = (0..2).map(|r| -> Arc<dyn Collective<CpuBackend>> { Arc::new(group.rank(r)) }).collect();
+    let follower = ranks[1].clone();
+    let lm = LoadedModel::open_tensor_parallel_group(&dir, LoadOptions::default(), vec![CpuBackend::new(), CpuBackend::new()], ranks).unwrap();
+    assert!(generate(&lm.model, &req).is_ok());
+    follower.abort("out of device memory (test)");
+    for _ in 0..2 {
+        let err = generate(&lm.model, &req).expect_err("an aborted group must fail").to_string();
+        assert!(err.contains("group failed") && err.contains("out of device memory"), "{err}");
+    }
+}
