@@ -95,9 +95,13 @@ __device__ void route_token(const float* logits, const float* bias, u32 E, u32 K
 // Entries of one expert are in no particular order; each is computed independently. `ids`
 // were written by other blocks of the same launch: read past L1 (volatile). Only experts
 // first..first+held are planned (an expert-parallel rank's), by their index among those;
-// entries routed elsewhere are left out (moe_combine skips them).
+// entries routed elsewhere are left out (moe_combine skips them). After the n entries, the
+// tile list of the grouped GEMM (moe_gemm.cu): its length, then (active expert, first plan
+// row) per tile of at most MOE_TILE_ROWS rows of one expert — at most n / MOE_TILE_ROWS + A
+// tiles (moe.rs sizes the plan for it).
+#define MOE_TILE_ROWS 64
 __device__ void plan_experts(const volatile u32* ids, u32 n, u32 E, u32 first, u32 held, u32 maxa, u32* plan) {
-    __shared__ u32 count[MOE_MAX_EXPERTS], slot[MOE_MAX_EXPERTS], fill[MOE_MAX_EXPERTS];
+    __shared__ u32 count[MOE_MAX_EXPERTS], slot[MOE_MAX_EXPERTS], fill[MOE_MAX_EXPERTS], tile0[MOE_MAX_EXPERTS];
     for (u32 e = threadIdx.x; e < held; e += blockDim.x) { count[e] = 0; fill[e] = 0; }
     __syncthreads();
     for (u32 i = threadIdx.x; i < n; i += blockDim.x) {
@@ -108,15 +112,22 @@ __device__ void plan_experts(const volatile u32* ids, u32 n, u32 E, u32 first, u
     u32* act = plan + 1;
     u32* off = plan + 1 + maxa;
     u32* ent = plan + 2 + 2 * maxa;
+    u32* tiles = ent + n;
     if (threadIdx.x == 0) {
-        u32 a = 0, o = 0;
+        u32 a = 0, o = 0, nt = 0;
         for (u32 e = 0; e < held; e++) {
-            if (count[e]) { act[a] = e; off[a] = o; slot[e] = a; o += count[e]; a++; }
+            if (count[e]) { act[a] = e; off[a] = o; slot[e] = a; tile0[a] = nt; o += count[e]; nt += (count[e] + MOE_TILE_ROWS - 1) / MOE_TILE_ROWS; a++; }
         }
         off[a] = o;
         plan[0] = a;
+        tiles[0] = nt;
     }
     __syncthreads();
+    for (u32 a = threadIdx.x; a < plan[0]; a += blockDim.x)
+        for (u32 r = 0, j = tile0[a]; r < count[act[a]]; r += MOE_TILE_ROWS, j++) {
+            tiles[1 + 2 * j] = a;
+            tiles[2 + 2 * j] = off[a] + r;
+        }
     for (u32 i = threadIdx.x; i < n; i += blockDim.x) {
         u32 e = min(ids[i], E - 1) - first;
         if (e >= held) continue;

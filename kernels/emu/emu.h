@@ -195,19 +195,41 @@ inline void emu_mma_bf16_16816(float (&d)[4], unsigned a0, unsigned a1, unsigned
     }
 }
 
-// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 of a 32-lane warp: every lane posts its row
-// address, the warp meets, lane (g, t) reads column g of rows 2t and 2t + 1 of each block.
 static const void* emu_ldsm_rows[2][1024];
-inline void emu_ldsm_x4_trans(unsigned (&r)[4], const void* row) {
+// ldmatrix of a 32-lane warp: every lane posts its row address and the warp meets; returns the
+// posted addresses (indexed by thread), with this lane's warp base, g = lane / 4 and q = lane % 4.
+inline const void** emu_ldsm_exchange(const void* row, unsigned& base, unsigned& g, unsigned& q) {
     if (emu_warp != 32) { std::fprintf(stderr, "emulated ldmatrix needs 32-lane sub-groups\n"); std::abort(); }
-    unsigned t = threadIdx.x, base = t / 32 * 32, lane = t - base, g = lane / 4, q = lane % 4;
+    unsigned t = threadIdx.x, lane = t % 32;
+    base = t - lane;
+    g = lane / 4;
+    q = lane % 4;
     const void** slots = emu_ldsm_rows[emu_lane_turn[t]++ & 1];
     slots[t] = row;
     emu_warp_barriers[t / emu_warp].wait();
+    return slots;
+}
+
+// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: lane (g, t) reads column g of rows 2t and
+// 2t + 1 of each block.
+inline void emu_ldsm_x4_trans(unsigned (&r)[4], const void* row) {
+    unsigned base, g, q;
+    const void** slots = emu_ldsm_exchange(row, base, g, q);
     for (unsigned i = 0; i < 4; i++) {
         const uint16_t* r0 = (const uint16_t*)slots[base + 8 * i + 2 * q];
         const uint16_t* r1 = (const uint16_t*)slots[base + 8 * i + 2 * q + 1];
         r[i] = (unsigned)r0[g] | ((unsigned)r1[g] << 16);
+    }
+}
+
+// ldmatrix.sync.aligned.m8n8.x4.shared.b16 (not transposed): lane (g, t) reads elements 2t and
+// 2t + 1 of row g of each block, the rows' addresses posted by lanes 8i..8i + 7 for block i.
+inline void emu_ldsm_x4(unsigned (&r)[4], const void* row) {
+    unsigned base, g, q;
+    const void** slots = emu_ldsm_exchange(row, base, g, q);
+    for (unsigned i = 0; i < 4; i++) {
+        const uint16_t* rp = (const uint16_t*)slots[base + 8 * i + g];
+        r[i] = (unsigned)rp[2 * q] | ((unsigned)rp[2 * q + 1] << 16);
     }
 }
 

@@ -8,6 +8,7 @@
 #include "../gemv.cu"
 #include "../moe.cu"
 #include "../mma.cu"
+#include "../moe_gemm.cu"
 #include "../mla.cu"
 #include "../mla_grouped.cu"
 #include "../dummy.cu"

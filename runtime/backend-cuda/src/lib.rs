@@ -8,8 +8,10 @@
 //!
 //! Decode-sized batches (a few tokens) take weight-streaming paths that read each weight once
 //! per step (`gemv`, `moe`: routing, expert plan and experts on the device, no host round
-//! trip); larger batches use cuBLAS bf16 GEMMs with f32 accumulation, and MoE routing on the
-//! host with one GEMM pair per active expert. Attention is split along the context (`mla`).
+//! trip); larger batches use cuBLAS bf16 GEMMs with f32 accumulation for dense weights, and
+//! for the experts a grouped GEMM over the device's routing plan (`moe`, `kernels/moe_gemm.cu`;
+//! routing on the host with batched cuBLAS GEMMs only where that GEMM does not fit). Attention
+//! is split along the context (`mla`).
 //! Every op is checked against the CPU reference (`tests/kernels.rs`).
 //!
 //! The same host code drives AMD GPUs: feature `hip` (or `hip-mock`, tests without a GPU)
@@ -79,6 +81,8 @@ pub const KERNEL_SOURCE: &str = concat!(
     include_str!("../../../kernels/moe.cu"),
     "\n",
     include_str!("../../../kernels/mma.cu"),
+    "\n",
+    include_str!("../../../kernels/moe_gemm.cu"),
     "\n",
     include_str!("../../../kernels/mla.cu"),
     "\n",
@@ -162,6 +166,10 @@ pub const KERNELS: &[&str] = &[
     "moe_gate_up_fp8_mma",
     "moe_down_bf16_mma",
     "moe_down_fp8_mma",
+    "moe_gemm_gate_up_bf16",
+    "moe_gemm_gate_up_fp8",
+    "moe_gemm_down_bf16",
+    "moe_gemm_down_fp8",
     "moe_combine",
     "mla_decode",
     "mla_decode_bf16",
@@ -316,9 +324,15 @@ pub struct CudaBackend {
     /// rows × head groups × splits reaches this many waves.
     pub mla_waves: usize,
     /// Most routed tokens per expert on average that the device MoE path takes with the
-    /// tensor-core expert kernels (`WEFT_CUDA_MOE_DEVICE_TOKENS`, default 32); past it,
-    /// routing on the host and a cuBLAS GEMM pair per expert.
+    /// tensor-core expert kernels (`WEFT_CUDA_MOE_DEVICE_TOKENS`, default 32) when the grouped
+    /// GEMM below does not take the shapes; past it, routing on the host.
     pub moe_device_tokens: usize,
+    /// Fewest routed tokens per expert on average at which the device MoE path runs the experts
+    /// as a grouped GEMM over the device plan (`kernels/moe_gemm.cu`: tiles of 64 tokens through
+    /// shared memory) instead of the weight-streaming kernels (`WEFT_CUDA_MOE_GEMM_TOKENS`,
+    /// default 16; 0 = never). Where that GEMM takes the shapes, no batch leaves the device
+    /// path.
+    pub moe_gemm_tokens: usize,
     /// Past the device path, bf16 experts run as two grouped cuBLAS GEMMs over all active
     /// experts (`moe_grouped.rs`) instead of a GEMM pair per expert (`WEFT_CUDA_MOE_GROUPED=0`:
     /// the per-expert path, for comparisons).
@@ -454,7 +468,10 @@ impl CudaBackend {
         use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
         let num_sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(dev)? as usize;
         let smem_optin = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).map_err(dev)? as usize;
-        for k in ["mla_decode", "mla_decode_bf16", "mla_decode_mma", "mla_decode_mma_bf16"].into_iter().chain(mla::MMG_KERNELS.iter().map(|k| k.name)) {
+        for k in ["mla_decode", "mla_decode_bf16", "mla_decode_mma", "mla_decode_mma_bf16", "moe_gemm_gate_up_bf16", "moe_gemm_gate_up_fp8", "moe_gemm_down_bf16", "moe_gemm_down_fp8"]
+            .into_iter()
+            .chain(mla::MMG_KERNELS.iter().map(|k| k.name))
+        {
             funcs[k].set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_optin as i32).map_err(dev)?;
         }
         // A stream of the backend's own (the legacy default stream cannot be captured into a
@@ -516,6 +533,7 @@ impl CudaBackend {
             mla_min_group: std::env::var("WEFT_CUDA_MLA_MIN_GROUP").ok().and_then(|v| v.parse().ok()).unwrap_or(8).max(1),
             mla_waves: std::env::var("WEFT_CUDA_MLA_WAVES").ok().and_then(|v| v.parse().ok()).unwrap_or(4).max(1),
             moe_device_tokens: std::env::var("WEFT_CUDA_MOE_DEVICE_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(32),
+            moe_gemm_tokens: std::env::var("WEFT_CUDA_MOE_GEMM_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(16),
             moe_grouped: std::env::var("WEFT_CUDA_MOE_GROUPED").map_or(true, |v| v != "0"),
             mla_gemm_min_rows: std::env::var("WEFT_CUDA_MLA_GEMM_MIN_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
             mla_score_bytes: 1 << 30,

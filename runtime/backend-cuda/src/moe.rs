@@ -1,8 +1,10 @@
-//! MoE for decode-sized batches entirely on the device (`kernels/moe.cu`): routing, a plan of
-//! active experts and the (token, slot) entries each serves, then the experts as
-//! weight-streaming kernels over a per-layer table of expert weight pointers, and a combine
-//! that sums each token's slots in order. The launch grids are sized for the worst case
-//! (every selected expert distinct), so nothing waits for the host.
+//! MoE entirely on the device (`kernels/moe.cu`): routing, a plan of active experts and the
+//! (token, slot) entries each serves (and the entries cut into tiles of 64), then the experts
+//! over a per-layer table of expert weight pointers — weight-streaming kernels while experts see
+//! few tokens each (decode), a grouped GEMM over the plan's tiles past `moe_gemm_tokens` per
+//! expert (prefill; `kernels/moe_gemm.cu`) — and a combine that sums each token's slots in
+//! order. The launch grids are sized for the worst case (every selected expert distinct, every
+//! expert's last tile partial), so nothing waits for the host.
 
 use crate::{dev, CudaBackend, CudaMatrix};
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
@@ -22,6 +24,24 @@ const DOWN_ROWS: usize = 2;
 /// Weight rows per tensor-core tile (`MMA_ROWS` in mma.cu) and threads per block there.
 const MMA_ROWS: usize = 16;
 const MMA_THREADS: u32 = 128;
+/// The grouped GEMM (`kernels/moe_gemm.cu`): plan rows per tile (`MOE_TILE_ROWS` in moe.cu),
+/// weight rows per block, threads per block.
+const TILE_ROWS: usize = 64;
+const GEMM_ROWS: usize = 128;
+const GEMM_THREADS: u32 = 128;
+
+/// The grouped GEMM's columns per stage (`MG_BK`): 32, or the kernel variant's
+/// `WEFT_MG_BK=N` in `WEFT_CUDA_KERNEL_DEFINES`.
+fn gemm_k() -> usize {
+    static K: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *K.get_or_init(|| std::env::var("WEFT_CUDA_KERNEL_DEFINES").ok().and_then(|d| d.split(',').find_map(|x| x.strip_prefix("WEFT_MG_BK=")?.parse().ok())).unwrap_or(32))
+}
+
+/// Shared bytes per block of the grouped GEMM: two stages of both activation parts (64 rows)
+/// and 128 weight rows, rows of `gemm_k() + 8` bf16 (`MG_SMEM_BYTES`).
+fn gemm_smem() -> u32 {
+    (2 * (2 * TILE_ROWS + GEMM_ROWS) * (gemm_k() + 8) * 2) as u32
+}
 
 /// How the expert kernels run: one entry per active expert (a single decoding token), a few
 /// entries on CUDA cores, or tensor cores.
@@ -30,6 +50,7 @@ enum Path {
     One = 0,
     Few = 1,
     Mma = 2,
+    Gemm = 3,
 }
 
 /// `[gate_up, down][bf16, fp8][Path]` kernel names.
@@ -64,6 +85,15 @@ impl CudaBackend {
         self.mma && crate::gemv::mma_takes(&first.gate_up) && crate::gemv::mma_takes(&first.down) && hidden % (2 * MMA_ROWS) == 0 && inter % MMA_ROWS == 0
     }
 
+    /// Whether the grouped GEMM takes these experts: tensor cores, whole 32-column stages along
+    /// both products, even row counts (results leave in pairs), fp8 scale blocks of whole stages.
+    fn moe_gemm_fits(&self, first: &ExpertWeights<CudaMatrix>) -> bool {
+        let (hidden, inter) = (first.gate_up.cols, first.inter);
+        let bk = gemm_k();
+        let stages = |m: &CudaMatrix| m.fp8.as_ref().is_none_or(|f| f.block_cols % bk == 0);
+        self.mma && self.moe_gemm_tokens > 0 && hidden % bk == 0 && inter % bk == 0 && stages(&first.gate_up) && stages(&first.down)
+    }
+
     /// Whether the device MoE path handles this layer and batch.
     pub(crate) fn moe_on_device_fits(&self, cfg: &RouterConfig, experts: &[ExpertWeights<CudaMatrix>], m: usize) -> bool {
         let e = cfg.n_experts;
@@ -74,7 +104,7 @@ impl CudaBackend {
             return false;
         }
         let max_avg = if self.moe_mma_fits(&experts[0]) { self.moe_device_tokens } else { MAX_AVG_TOKENS_PER_EXPERT };
-        if m * cfg.top_k > max_avg * e {
+        if m * cfg.top_k > max_avg * e && !self.moe_gemm_fits(&experts[0]) {
             return false;
         }
         let first = &experts[0];
@@ -168,7 +198,8 @@ impl CudaBackend {
         let mut ids = self.alloc::<u32>(n)?;
         let mut wts = self.out(n)?;
         let (e32, k32, ng, tg, norm, sc) = (e as u32, k as u32, cfg.n_group.max(1) as u32, cfg.topk_group as u32, cfg.norm_topk_prob as i32, cfg.routed_scaling_factor);
-        let mut plan = self.alloc::<u32>(2 + 2 * maxa + n)?;
+        // Active experts, offsets, entries, then the GEMM's tile list (moe.cu `plan_experts`).
+        let mut plan = self.alloc::<u32>(2 + 2 * maxa + n + 1 + 2 * (n / TILE_ROWS + maxa))?;
         let maxa32 = maxa as u32;
         let counter = self.moe_counter.lock().unwrap();
         let mut l = self.stream.launch_builder(self.func("moe_route_plan"));
@@ -180,6 +211,8 @@ impl CudaBackend {
         // or tensor cores (a sub-group per 16 gate|up rows or 32 down rows, 16 tokens a pass).
         let path = if m == 1 {
             Path::One
+        } else if self.moe_gemm_fits(&experts[0]) && m * k >= self.moe_gemm_tokens * e {
+            Path::Gemm
         } else if self.moe_mma_fits(&experts[0]) {
             Path::Mma
         } else {
@@ -187,6 +220,10 @@ impl CudaBackend {
         };
         let fp8 = tables.fp8.is_some() as usize;
         let (h32, i32_) = (hidden as u32, inter as u32);
+        if let Path::Gemm = path {
+            let y = self.moe_gemm(&tables, &plan, maxa, n, x, k, hidden, inter)?;
+            return self.moe_combine(&y, &wts, &ids, first, experts.len(), shared, m, k, hidden);
+        }
         let grid = |units: usize, threads: u32| {
             let per_block = (threads / crate::SUBGROUP) as usize;
             LaunchConfig { grid_dim: ((maxa * units.div_ceil(per_block)) as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
@@ -211,12 +248,59 @@ impl CudaBackend {
         }
         l.arg(&plan).arg(&maxa32).arg(&h).arg(&mut y).arg(&h32).arg(&i32_);
         unsafe { l.launch(down_grid) }.map_err(dev)?;
+        self.moe_combine(&y, &wts, &ids, first, experts.len(), shared, m, k, hidden)
+    }
+
+    /// The experts as the grouped GEMM over the plan's tiles: gate|up with SiLU into `h`
+    /// (plan rows), then down into `y` (entries). Grids are sized for the most tiles the plan
+    /// can hold; blocks past its tile count exit.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_gemm(&self, tables: &ExpertTables, plan: &CudaSlice<u32>, maxa: usize, n: usize, x: &CudaSlice<f32>, k: usize, hidden: usize, inter: usize) -> Result<CudaSlice<f32>> {
+        let fp8 = tables.fp8.is_some() as usize;
+        let (h32, i32_, k32, n32, maxa32) = (hidden as u32, inter as u32, k as u32, n as u32, maxa as u32);
+        let tiles = (n / TILE_ROWS + maxa) as u32;
+        let cfg = |slices: usize| LaunchConfig { grid_dim: (tiles, slices as u32, 1), block_dim: (GEMM_THREADS, 1, 1), shared_mem_bytes: gemm_smem() };
+        let mut h = self.out(n * inter)?;
+        let mut l = self.stream.launch_builder(self.func(["moe_gemm_gate_up_bf16", "moe_gemm_gate_up_fp8"][fp8]));
+        l.arg(&tables.gate_up);
+        if let Some([(scc, br, bc), _]) = &tables.fp8 {
+            l.arg(&tables.gate_up_sc).arg(scc).arg(br).arg(bc);
+        }
+        l.arg(plan).arg(&maxa32).arg(&n32).arg(x).arg(&mut h).arg(&k32).arg(&h32).arg(&i32_);
+        unsafe { l.launch(cfg(inter.div_ceil(GEMM_ROWS / 2))) }.map_err(dev)?;
+        let mut y = self.out(n * hidden)?;
+        let mut l = self.stream.launch_builder(self.func(["moe_gemm_down_bf16", "moe_gemm_down_fp8"][fp8]));
+        l.arg(&tables.down);
+        if let Some([_, (scc, br, bc)]) = &tables.fp8 {
+            l.arg(&tables.down_sc).arg(scc).arg(br).arg(bc);
+        }
+        l.arg(plan).arg(&maxa32).arg(&n32).arg(&h).arg(&mut y).arg(&h32).arg(&i32_);
+        unsafe { l.launch(cfg(hidden.div_ceil(GEMM_ROWS))) }.map_err(dev)?;
+        Ok(y)
+    }
+
+    /// `out[t] = Σ_j wts[t, j] · y[t·k + j]` over the token's entries held here, plus the shared
+    /// experts' output.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_combine(
+        &self,
+        y: &CudaSlice<f32>,
+        wts: &CudaSlice<f32>,
+        ids: &CudaSlice<u32>,
+        first: usize,
+        held: usize,
+        shared: Option<&CudaSlice<f32>>,
+        m: usize,
+        k: usize,
+        hidden: usize,
+    ) -> Result<CudaSlice<f32>> {
+        let (first32, held32, k32, h32) = (first as u32, held as u32, k as u32, hidden as u32);
         let mut out = self.out(m * hidden)?;
         // Without a shared output the kernel is told so and reads nothing from `add`.
-        let add = shared.unwrap_or(&y);
+        let add = shared.unwrap_or(y);
         let has_add = shared.is_some() as i32;
         let mut l = self.stream.launch_builder(self.func("moe_combine"));
-        l.arg(&y).arg(&wts).arg(&ids).arg(&first32).arg(&held32).arg(add).arg(&has_add).arg(&mut out).arg(&k32).arg(&h32);
+        l.arg(y).arg(wts).arg(ids).arg(&first32).arg(&held32).arg(add).arg(&has_add).arg(&mut out).arg(&k32).arg(&h32);
         let combine_threads = 128u32;
         let blocks = m * hidden.div_ceil(combine_threads as usize);
         unsafe { l.launch(LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (combine_threads, 1, 1), shared_mem_bytes: 0 }) }.map_err(dev)?;

@@ -43,3 +43,8 @@ fn mla_decode_on_the_cpu_emulator() {
 fn sampling_front_end_on_the_cpu_emulator() {
     run_emulated("front_test");
 }
+
+#[test]
+fn prefill_moe_gemm_on_the_cpu_emulator() {
+    run_emulated("moe_gemm_test");
+}

@@ -384,8 +384,13 @@ fn moe_matches_cpu() {
     let cfg = RouterConfig { n_experts: e, top_k: 6, n_group: 4, topk_group: 2, norm_topk_prob: true, routed_scaling_factor: 2.446 };
     let experts = experts_on_both(&g, &c, &mut r, e, hidden, inter, |r, rows, cols| bf16_matrix(r, rows, cols, 0.05));
     check_moe(&g, &c, &mut r, &cfg, &experts, m, hidden, "moe (route + experts)", GEMM_TOL);
-    // Prefill-sized batches (past the device path: ~56 and ~60 tokens per expert, odd and even
-    // m for the shared-expert add) route on the host: the grouped GEMMs, and the per-expert path.
+    // Prefill-sized batches (~56 and ~60 tokens per expert, odd and even m for the shared-expert
+    // add): the grouped GEMM over the device plan (kernels/moe_gemm.cu), then, with it off, routing
+    // on the host: the grouped cuBLAS GEMMs, and the per-expert path.
+    for m in [299usize, 320] {
+        check_moe(&g, &c, &mut r, &cfg, &experts, m, hidden, &format!("moe device-planned GEMM m={m}"), MMA_TOL);
+    }
+    g.moe_gemm_tokens = 0;
     for grouped in [true, false] {
         g.moe_grouped = grouped;
         for m in [299usize, 320] {
@@ -419,14 +424,18 @@ fn moe_decode_path_matches_cpu() {
         check_moe_favouring(&g, &c, &mut r, &cfg, &experts, 40, hidden, &format!("moe device bf16 m=40 favoured mma={mma}"), tol, &[0, 1, 2]);
     }
     // fp8 experts at Kimi-K2 widths (hidden 7168, inter 2048), 8 of 24 experts, no groups;
-    // m = 1, 3 and 20 stay on the device, m = 40 takes host routing and dequantized GEMMs.
+    // m = 1, 3, 20 and 40 take the weight-streaming kernels, m = 64 (21 tokens per expert) the
+    // grouped GEMM over the device plan (with tensor cores).
     let (hidden, inter, e) = (7168, 2048, 24);
     let cfg = RouterConfig { n_experts: e, top_k: 8, n_group: 1, topk_group: 1, norm_topk_prob: true, routed_scaling_factor: 2.827 };
     let experts = experts_on_both(&g, &c, &mut r, e, hidden, inter, fp8_matrix);
     for mma in [false, true] {
         g.mma = mma;
         let tol = if mma { MMA_TOL } else { 1e-4 };
-        for (m, tol) in [(1usize, 1e-4), (3, tol), (20, tol), (40, GEMM_TOL)] {
+        for (m, tol) in [(1usize, 1e-4), (3, tol), (20, tol), (40, GEMM_TOL), (64, tol)] {
+            if m == 64 && !mma {
+                continue; // without tensor cores: host routing and bf16 copies (moe_expert_subsets)
+            }
             check_moe(&g, &c, &mut r, &cfg, &experts, m, hidden, &format!("moe fp8 m={m} mma={mma}"), tol);
         }
     }
@@ -434,8 +443,9 @@ fn moe_decode_path_matches_cpu() {
 
 /// An expert-parallel rank's MoE (`moe_local`, experts `first..first + held`) against the CPU's,
 /// on the device path (routing over every expert, only the held experts' pairs computed and
-/// combined: m = 1, 5, 24, mma on and off) and host routing (m = 300); the ranks' outputs add
-/// up to the whole layer's. bf16 and fp8 experts.
+/// combined: m = 1, 5, 24, mma on and off; m = 300 through the grouped GEMM) and host routing
+/// (m = 300 with that GEMM off); the ranks' outputs add up to the whole layer's. bf16 and fp8
+/// experts.
 #[test]
 fn moe_expert_subsets_match_cpu() {
     let Some(mut g) = gpu() else { return };
@@ -446,8 +456,9 @@ fn moe_expert_subsets_match_cpu() {
         let cfg = RouterConfig { n_experts: e, top_k: 4, n_group: 1, topk_group: 1, norm_topk_prob: true, routed_scaling_factor: 2.5 };
         let experts =
             if fp8 { experts_on_both(&g, &c, &mut r, e, hidden, inter, fp8_matrix) } else { experts_on_both(&g, &c, &mut r, e, hidden, inter, |r, rows, cols| bf16_matrix(r, rows, cols, 0.05)) };
-        for (mma, m) in [(true, 1usize), (true, 5), (true, 24), (false, 5), (true, 300)] {
+        for (mma, m, gemm) in [(true, 1usize, 16), (true, 5, 16), (true, 24, 16), (false, 5, 16), (true, 300, 16), (true, 300, 0)] {
             g.mma = mma;
+            g.moe_gemm_tokens = gemm;
             let x = r.vec(m * hidden, 1.0);
             let logits = r.vec(m * e, 3.0);
             let bias = r.vec(e, 0.3);
@@ -455,7 +466,7 @@ fn moe_expert_subsets_match_cpu() {
             let whole = c.moe(&x, &logits, &bias, &cfg, &experts.1, None).unwrap();
             let mut sum = vec![0f32; m * hidden];
             // Host routing dequantizes fp8 experts to bf16 for cuBLAS (FP8_COPY_TOL).
-            let tol = if m <= 100 {
+            let tol = if m <= 100 || gemm > 0 {
                 MMA_TOL
             } else if fp8 {
                 FP8_COPY_TOL
@@ -465,7 +476,7 @@ fn moe_expert_subsets_match_cpu() {
             for (first, held) in [(0, 8), (8, 8)] {
                 let got = g.download(&g.moe_local(&xg, &lg, &bg, &cfg, &experts.0[first..first + held], first, None).unwrap()).unwrap();
                 let want = c.moe_local(&x, &logits, &bias, &cfg, &experts.1[first..first + held], first, None).unwrap();
-                check(&format!("moe_local fp8={fp8} experts {first}..{} m={m} mma={mma}", first + held), &got, &want, tol);
+                check(&format!("moe_local fp8={fp8} experts {first}..{} m={m} mma={mma} gemm_tokens={gemm}", first + held), &got, &want, tol);
                 sum.iter_mut().zip(&got).for_each(|(s, v)| *s += v);
             }
             check(&format!("moe_local fp8={fp8} m={m}: ranks add up to the whole layer"), &sum, &whole, tol);

@@ -1,0 +1,136 @@
+// The prefill-sized MoE of kernels/moe_gemm.cu on the CPU emulator (32-lane warps, mma.sync
+// emulated), planned by moe_route_plan and summed by moe_combine as runtime/backend-cuda/src/moe.rs
+// launches them, against a float64 reference over the same routing: bf16 and fp8 (block-scaled)
+// experts; shapes with partial weight slices (inter 96 of a 64-wide gate|up slice, hidden 160 of a
+// 128-row down slice) and experts whose entries span several 64-row tiles (skewed router logits);
+// and an expert-parallel rank (experts 2..5 of 8 planned; the reference sums only those).
+// Built with -DWEFT_MG_BK=64 it checks the 64-column-stage variant.
+// Exit status: the number of failing cases.
+#include "emu.h"
+#include "../weft_port.h"
+#define BLOCK 256
+#include "../weft.cu"
+#include "../gemv.cu"
+#include "../moe.cu"
+#include "../mma.cu"
+#include "../moe_gemm.cu"
+#include <random>
+
+// e4m3 code of v (v already on the grid of codes the test draws from).
+static unsigned char e4m3(float v) {
+    for (int c = 0; c < 256; c++)
+        if ((c & 0x7f) != 0x7f && fp8_to_f32((unsigned char)c) == v) return (unsigned char)c;
+    std::abort();
+}
+
+int main() {
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> U(-1, 1);
+    emu_warp = 32;
+    int fails = 0;
+    const unsigned E = 8, K = 3, M = 70, H = 5 * MG_BK, I = 3 * MG_BK;  // 160 and 96 for 32-column stages
+    struct Case { bool fp8; unsigned first, held; };
+    for (Case c : {Case{false, 0, E}, Case{true, 0, E}, Case{false, 2, 4}}) {
+        // Router logits skewed towards expert 2, so it serves more than one 64-row tile.
+        std::vector<float> logits(M * E), bias(E);
+        for (unsigned t = 0; t < M; t++)
+            for (unsigned e = 0; e < E; e++) logits[t * E + e] = 2 * U(rng) + (e == 2 ? 4.f : 0.f);
+        for (auto& b : bias) b = 0.1f * U(rng);
+        std::vector<float> x(M * H);
+        for (auto& v : x) v = U(rng);
+        // Weights: bf16 values, or e4m3 codes (small integers times powers of two) with block
+        // scales of 32 rows x one stage's columns.
+        const unsigned BR = 32, BC = MG_BK;
+        std::vector<std::vector<u16>> gu16(c.held), dn16(c.held);
+        std::vector<std::vector<unsigned char>> gu8(c.held), dn8(c.held);
+        std::vector<std::vector<float>> gus(c.held), dns(c.held), guf(c.held), dnf(c.held);
+        auto make = [&](unsigned rows, unsigned cols, std::vector<u16>& w16, std::vector<unsigned char>& w8, std::vector<float>& sc, std::vector<float>& wf) {
+            const unsigned scc = (cols + BC - 1) / BC;
+            sc.assign(((rows + BR - 1) / BR) * scc, 0.f);
+            for (auto& s : sc) s = 0.01f * (1 + (rng() % 8));
+            w16.resize(rows * cols);
+            w8.resize(rows * cols);
+            wf.resize(rows * cols);
+            for (unsigned r = 0; r < rows; r++)
+                for (unsigned j = 0; j < cols; j++) {
+                    size_t i = (size_t)r * cols + j;
+                    if (c.fp8) {
+                        float v = (float)((int)(rng() % 15) - 7) * (rng() % 2 ? 0.5f : 1.f);
+                        w8[i] = e4m3(v);
+                        wf[i] = v * sc[(r / BR) * scc + j / BC];
+                    } else {
+                        w16[i] = f32_to_bf16(0.2f * U(rng));
+                        wf[i] = bf16_to_f32(w16[i]);
+                    }
+                }
+        };
+        for (unsigned e = 0; e < c.held; e++) {
+            make(2 * I, H, gu16[e], gu8[e], gus[e], guf[e]);
+            make(H, I, dn16[e], dn8[e], dns[e], dnf[e]);
+        }
+        std::vector<u64> tgu(c.held), tdn(c.held), tgus(c.held), tdns(c.held);
+        for (unsigned e = 0; e < c.held; e++) {
+            tgu[e] = c.fp8 ? (u64)gu8[e].data() : (u64)gu16[e].data();
+            tdn[e] = c.fp8 ? (u64)dn8[e].data() : (u64)dn16[e].data();
+            tgus[e] = (u64)gus[e].data();
+            tdns[e] = (u64)dns[e].data();
+        }
+
+        // Routing and plan, sized as moe.rs sizes them.
+        const unsigned n = M * K, maxa = std::min(c.held, n);
+        std::vector<u32> ids(n), plan(2 + 2 * maxa + n + 1 + 2 * (n / MOE_TILE_ROWS + maxa), 0xdeadbeefu), counter(1, 0);
+        std::vector<float> wts(n);
+        emu_launch(M, 1, 256, [&] { moe_route_plan(logits.data(), bias.data(), E, K, 1, 1, 1, 2.5f, ids.data(), wts.data(), c.first, c.held, maxa, plan.data(), counter.data()); });
+        const u32* tl = plan.data() + 2 + 2 * maxa + n;
+        unsigned most = 0;
+        for (unsigned a = 0; a < plan[0]; a++) most = std::max(most, plan[2 + maxa + a] - plan[1 + maxa + a]);
+
+        std::vector<float> h(n * I, NAN), y(n * H, NAN), out(M * H, NAN);
+        const unsigned tiles = n / MOE_TILE_ROWS + maxa;
+        const unsigned scg = (H + BC - 1) / BC, scd = (I + BC - 1) / BC;
+        emu_launch(tiles, (I + 63) / 64, MG_THREADS, [&] {
+            if (c.fp8) moe_gemm_gate_up_fp8(tgu.data(), tgus.data(), scg, BR, BC, plan.data(), maxa, n, x.data(), h.data(), K, H, I);
+            else moe_gemm_gate_up_bf16(tgu.data(), plan.data(), maxa, n, x.data(), h.data(), K, H, I);
+        });
+        emu_launch(tiles, (H + 127) / 128, MG_THREADS, [&] {
+            if (c.fp8) moe_gemm_down_fp8(tdn.data(), tdns.data(), scd, BR, BC, plan.data(), maxa, n, h.data(), y.data(), H, I);
+            else moe_gemm_down_bf16(tdn.data(), plan.data(), maxa, n, h.data(), y.data(), H, I);
+        });
+        emu_launch(M * ((H + 127) / 128), 1, 128, [&] { moe_combine(y.data(), wts.data(), ids.data(), c.first, c.held, nullptr, 0, out.data(), K, H); });
+
+        // Reference: the same routing (ids, wts), float64 products over f32 activations.
+        double worst = 0, scale = 0;
+        for (unsigned t = 0; t < M; t++) {
+            std::vector<double> ref(H, 0.0);
+            for (unsigned j = 0; j < K; j++) {
+                unsigned e = ids[t * K + j] - c.first;
+                if (e >= c.held) continue;
+                std::vector<double> hh(I);
+                for (unsigned p = 0; p < I; p++) {
+                    double g = 0, u = 0;
+                    for (unsigned q = 0; q < H; q++) {
+                        g += (double)guf[e][(size_t)p * H + q] * x[t * H + q];
+                        u += (double)guf[e][(size_t)(I + p) * H + q] * x[t * H + q];
+                    }
+                    hh[p] = g / (1 + std::exp(-g)) * u;
+                }
+                for (unsigned r = 0; r < H; r++) {
+                    double s = 0;
+                    for (unsigned p = 0; p < I; p++) s += (double)dnf[e][(size_t)r * I + p] * hh[p];
+                    ref[r] += wts[t * K + j] * s;
+                }
+            }
+            for (unsigned r = 0; r < H; r++) {
+                worst = std::max(worst, std::fabs(ref[r] - out[t * H + r]));
+                if (std::isnan(out[t * H + r])) worst = INFINITY;
+                scale = std::max(scale, std::fabs(ref[r]));
+            }
+        }
+        const double err = worst / std::max(scale, 1e-30);
+        const bool ok = err < 2e-5 && tl[0] > plan[0];
+        std::printf("%s experts %u..%u: %u active, %u tiles (most entries of one expert %u), max |out - ref| / max |ref| = %.2e (max |ref| %.3g) %s\n",
+                    c.fp8 ? "fp8 " : "bf16", c.first, c.first + c.held, plan[0], tl[0], most, err, scale, ok ? "ok" : "FAIL");
+        fails += !ok;
+    }
+    return fails;
+}

@@ -1,0 +1,260 @@
+// Prefill-sized MoE on tensor cores, planned on the device: the routed experts as a grouped GEMM
+// over the plan of moe_route_plan (moe.cu), with no host round trip. The plan's tile list cuts
+// every active expert's entries into tiles of MG_BM plan rows; block (x, y) multiplies tile x by
+// the y-th slice of its expert's weight rows, K in stages of MG_BK columns through shared memory
+// (double-buffered: the next stage's global loads are in flight while this one is multiplied).
+//
+// Operands, as every other product of f32 activations here: the activation rows (tokens) are
+// the mma's A (m16, row-major), each f32 value as two bf16 parts (its rounding and the rounding's
+// error; both multiplied, so results follow f32 activations to ~1e-5); the weight rows are B
+// (n8, "col": a weight row is a column of B), bf16 as stored or fp8 e4m3 converted to bf16 exactly
+// while staged, its block scale applied in f32 to the partial sums of each scale block. Lane
+// (g, t) of a warp holds C rows g and g + 8 (plan rows) at columns 2t, 2t + 1 (weight rows), so
+// results leave as float2 stores along an output row.
+//
+// gate|up (`moe_gemm_gate_up_*`): a block's 128 weight rows are 64 gate rows and their 64 up rows
+// (each warp's 64 columns: 32 gate rows, then the same 32 up rows), so SiLU(gate) · up is formed
+// in registers and written once, h[plan row, inter] (f32). down (`moe_gemm_down_*`): 128 output
+// rows of h · downᵀ into y[entry, hidden], entry = plan row's (token, slot), as the weight-
+// streaming kernels write it for moe_combine.
+#define MG_BM MOE_TILE_ROWS  // plan rows per tile (moe.cu cuts the plan's tile list by it)
+#define MG_BN 128      // weight rows per block
+// Columns per stage: 32 (40 KB of shared memory for two stages), or 64 with
+// WEFT_CUDA_KERNEL_DEFINES=WEFT_MG_BK=64 (72 KB; moe.rs reads the same setting).
+#ifdef WEFT_MG_BK
+#define MG_BK WEFT_MG_BK
+#else
+#define MG_BK 32
+#endif
+#define MG_LD (MG_BK + 8)  // shared row stride in bf16 (≡ 16 bytes mod 128): conflict-free fragment loads
+// Per stage and thread: float4s of activations (XQ per row), 16-byte pieces of weight rows
+// (WQ per row), each thread taking one column position of rows tid / Q + j · (128 / Q).
+#define MG_XQ (MG_BK / 4)
+#define MG_WQ (MG_BK / 8)
+#define MG_FQ (MG_BK / 16)
+#define MG_THREADS 128 // 4 warps: 2 (plan rows) x 2 (weight rows), 32 x 64 each
+
+// Shared layout of one stage (bf16 units): Xhi [MG_BM][MG_LD], Xlo [MG_BM][MG_LD],
+// W [MG_BN][MG_LD]. Two stages.
+#define MG_XH 0
+#define MG_XL (MG_BM * MG_LD)
+#define MG_W (2 * MG_BM * MG_LD)
+#define MG_STAGE_BF16 (2 * MG_BM * MG_LD + MG_BN * MG_LD)
+#define MG_SMEM_BYTES (2 * MG_STAGE_BF16 * 2)
+
+// ldmatrix.x4: four 8×8 blocks of b16 from shared memory in the mma fragment layout (lane g, t
+// gets elements 2t, 2t + 1 of row g of block i in r[i]); lane l gives the address of row l % 8
+// of block l / 8 (16-byte aligned).
+#if !defined(WEFT_NO_PTX)
+__device__ __forceinline__ void ldsm_x4(u32 (&r)[4], const void* row) {
+    const u32 a = (u32)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+#elif defined(WEFT_EMU)
+__device__ __forceinline__ void ldsm_x4(u32 (&r)[4], const void* row) { emu_ldsm_x4(r, row); }
+#else
+// AMD: the tensor-core kernels are never launched there (mma.cu).
+__device__ __forceinline__ void ldsm_x4(u32 (&r)[4], const void*) { __builtin_trap(); }
+#endif
+
+// Sixteen e4m3 codes to sixteen bf16 (exact), as two 16-byte rows of bf16.
+__device__ __forceinline__ void fp8x16_to_bf16(uint4 v, uint4& lo, uint4& hi) {
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+    u32 o[8];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        o[2 * i] = fp8x2_to_bf16x2(__byte_perm(w[i], 0u, 0x4140));
+        o[2 * i + 1] = fp8x2_to_bf16x2(__byte_perm(w[i], 0u, 0x4342));
+    }
+    lo = make_uint4(o[0], o[1], o[2], o[3]);
+    hi = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+template <int FP8, int GATED>
+__device__ void moe_gemm_body(ExpertTable T, const u32* plan, u32 maxa, u32 n, const float* x, float* out, u32 k, u32 rows, u32 cols, u32 inter) {
+    WEFT_DYNAMIC_SHARED(uint4, mg_smem);
+    u16* sm = (u16*)mg_smem;
+    const u32* tiles = plan + 2 + 2 * maxa + n;
+    if (blockIdx.x >= tiles[0]) return;  // whole block: past the plan's tiles
+    const u32 a = tiles[1 + 2 * blockIdx.x], i0 = tiles[2 + 2 * blockIdx.x];
+    const u32* off = plan + 1 + maxa;
+    const u32* ent = plan + 2 + 2 * maxa;
+    const u32 i1 = min(i0 + MG_BM, off[a + 1]);
+    const WeightRef W = expert_ref(T, plan[1 + a]);
+    const u32 tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp / 2, wn = warp % 2;
+    const u32 g = lane >> 2, t = lane & 3;
+    // gated: this block's inter positions p0..p0+63; else its weight rows r0..r0+127.
+    const u32 p0 = blockIdx.y * (MG_BN / 2), r0 = blockIdx.y * MG_BN;
+
+    // Weight row of shared row s, or ~0u past the matrix.
+    auto wrow = [&](u32 s) -> u32 {
+        if (GATED) {
+            u32 p = p0 + 32 * (s / 64) + s % 32;
+            return p < inter ? ((s % 64) < 32 ? p : inter + p) : ~0u;
+        }
+        return r0 + s < rows ? r0 + s : ~0u;
+    };
+    // This thread's loads per stage: 4 float4 of activations (rows tid/8 + 16j, columns 4·(tid%8)),
+    // and 4 (bf16) or 2 (fp8) 16-byte pieces of weight rows.
+    constexpr int XL = MG_BM * MG_XQ / MG_THREADS, WQ = FP8 ? MG_FQ : MG_WQ, WL = MG_BN * WQ / MG_THREADS;
+    const float* xp[XL];
+#pragma unroll
+    for (int j = 0; j < XL; j++) {
+        u32 i = i0 + tid / MG_XQ + (MG_THREADS / MG_XQ) * j;
+        xp[j] = i < i1 ? x + (i64)(GATED ? ent[i] / k : i) * cols + 4 * (tid % MG_XQ) : nullptr;
+    }
+    const unsigned char* wp[WL];
+#pragma unroll
+    for (int j = 0; j < WL; j++) {
+        u32 r = wrow(tid / WQ + (MG_THREADS / WQ) * j);
+        wp[j] = r == ~0u ? nullptr : (const unsigned char*)W.w + (i64)r * cols * (FP8 ? 1 : 2) + 16 * (tid % WQ);
+    }
+    float4 xv[XL];
+    uint4 wv[WL];
+    auto gload = [&](u32 c0) {
+#pragma unroll
+        for (int j = 0; j < XL; j++) xv[j] = xp[j] ? *(const float4*)(xp[j] + c0) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int j = 0; j < WL; j++) wv[j] = wp[j] ? *(const uint4*)(wp[j] + (i64)c0 * (FP8 ? 1 : 2)) : make_uint4(0u, 0u, 0u, 0u);
+    };
+    auto sstore = [&](u32 buf) {
+        u16* st = sm + buf * MG_STAGE_BF16;
+#pragma unroll
+        for (int j = 0; j < XL; j++) {
+            u32 row = tid / MG_XQ + (MG_THREADS / MG_XQ) * j, c = 4 * (tid % MG_XQ);
+            uint2 h, l;
+            split_bf16x2(xv[j].x, xv[j].y, h.x, l.x);
+            split_bf16x2(xv[j].z, xv[j].w, h.y, l.y);
+            *(uint2*)(st + MG_XH + row * MG_LD + c) = h;
+            *(uint2*)(st + MG_XL + row * MG_LD + c) = l;
+        }
+#pragma unroll
+        for (int j = 0; j < WL; j++) {
+            if (FP8) {
+                u32 row = tid / WQ + (MG_THREADS / WQ) * j, c = 16 * (tid % WQ);
+                uint4 lo, hi;
+                fp8x16_to_bf16(wv[j], lo, hi);
+                *(uint4*)(st + MG_W + row * MG_LD + c) = lo;
+                *(uint4*)(st + MG_W + row * MG_LD + c + 8) = hi;
+            } else {
+                u32 row = tid / WQ + (MG_THREADS / WQ) * j, c = 8 * (tid % WQ);
+                *(uint4*)(st + MG_W + row * MG_LD + c) = wv[j];
+            }
+        }
+    };
+
+    float acc[2][8][4], part[2][8][4];  // part: fp8's sums within one scale block
+    zero_acc(acc);
+    if (FP8) zero_acc(part);
+    // fp8: the block scale of each of this lane's weight rows for the scale block at column c.
+    auto flush = [&](u32 c) {
+        if (!FP8) return;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int q = 0; q < 2; q++) {
+                u32 r = wrow(wn * 64 + nt * 8 + 2 * t + q);
+                float s = r == ~0u ? 0.f : W.sc[(i64)(r / W.br) * W.sc_cols + c / W.bc];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    acc[mt][nt][q] += s * part[mt][nt][q];
+                    acc[mt][nt][2 + q] += s * part[mt][nt][2 + q];
+                    part[mt][nt][q] = 0.f;
+                    part[mt][nt][2 + q] = 0.f;
+                }
+            }
+    };
+
+    const u32 stages = cols / MG_BK;
+    gload(0);
+    sstore(0);
+    __syncthreads();
+    for (u32 kt = 0; kt < stages; kt++) {
+        const u32 buf = kt & 1;
+        if (kt + 1 < stages) gload((kt + 1) * MG_BK);
+        const u16* st = sm + buf * MG_STAGE_BF16;
+#pragma unroll
+        for (int ks = 0; ks < MG_BK; ks += 16) {
+            // A (16 plan rows x 16 columns): blocks rows 0-7 | 8-15 at columns 0-7, then at 8-15.
+            // B (two n-tiles of 8 weight rows): blocks tile nt at columns 0-7 | 8-15, tile nt + 1.
+            u32 af[2][2][4], bfr[8][2];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int p = 0; p < 2; p++)
+                    ldsm_x4(af[mt][p], st + (p ? MG_XL : MG_XH) + (wm * 32 + mt * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * MG_LD + ks + 8 * (lane / 16));
+#pragma unroll
+            for (int nt = 0; nt < 8; nt += 2) {
+                u32 r[4];
+                ldsm_x4(r, st + MG_W + (wn * 64 + nt * 8 + lane % 8 + 8 * (lane / 16)) * MG_LD + ks + 8 * ((lane / 8) % 2));
+                bfr[nt][0] = r[0];
+                bfr[nt][1] = r[1];
+                bfr[nt + 1][0] = r[2];
+                bfr[nt + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++) {
+                    float (&d)[4] = FP8 ? part[mt][nt] : acc[mt][nt];
+#pragma unroll
+                    for (int p = 0; p < 2; p++) mma_bf16_16816(d, af[mt][p][0], af[mt][p][1], af[mt][p][2], af[mt][p][3], bfr[nt][0], bfr[nt][1]);
+                }
+        }
+        if (FP8 && ((kt + 1) * MG_BK % W.bc == 0 || kt + 1 == stages)) flush(kt * MG_BK);
+        if (kt + 1 < stages) sstore(buf ^ 1);
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int h8 = 0; h8 < 2; h8++) {
+            const u32 i = i0 + wm * 32 + mt * 16 + g + 8 * h8;
+            if (i >= i1) continue;
+            if (GATED) {
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++) {
+                    u32 p = p0 + wn * 32 + nt * 8 + 2 * t;
+                    if (p >= inter) continue;
+                    float g0 = acc[mt][nt][2 * h8], g1 = acc[mt][nt][2 * h8 + 1];
+                    float u0 = acc[mt][nt + 4][2 * h8], u1 = acc[mt][nt + 4][2 * h8 + 1];
+                    *(float2*)(out + (i64)i * inter + p) = make_float2(g0 / (1.0f + expf(-g0)) * u0, g1 / (1.0f + expf(-g1)) * u1);
+                }
+            } else {
+                const u32 e = ent[i];
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++) {
+                    u32 r = r0 + wn * 64 + nt * 8 + 2 * t;
+                    if (r < rows) *(float2*)(out + (i64)e * rows + r) = make_float2(acc[mt][nt][2 * h8], acc[mt][nt][2 * h8 + 1]);
+                }
+            }
+        }
+}
+
+// Blocks per SM the compiler must fit (registers); a variant for comparisons:
+// WEFT_CUDA_KERNEL_DEFINES=WEFT_MG_MINB=4.
+#ifdef WEFT_MG_MINB
+#define MG_BOUNDS __launch_bounds__(MG_THREADS, WEFT_MG_MINB)
+#else
+#define MG_BOUNDS __launch_bounds__(MG_THREADS)
+#endif
+
+// gate|up: x [tokens, hidden] → h [plan rows, inter]; grid (tile bound, inter / 64).
+// down: h [plan rows, inter] → y [entries, hidden]; grid (tile bound, hidden / 128).
+extern "C" __global__ void MG_BOUNDS moe_gemm_gate_up_bf16(const u64* w, const u32* plan, u32 maxa, u32 n, const float* x, float* h, u32 k, u32 hidden, u32 inter) { WEFT_PDL_ENTRY();
+    ExpertTable Tb = {w, w, 0, 1, 1};
+    moe_gemm_body<0, 1>(Tb, plan, maxa, n, x, h, k, 2 * inter, hidden, inter);
+}
+extern "C" __global__ void MG_BOUNDS moe_gemm_gate_up_fp8(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, u32 n, const float* x, float* h, u32 k, u32 hidden, u32 inter) { WEFT_PDL_ENTRY();
+    ExpertTable Tb = {w, sc, sc_cols, br, bc};
+    moe_gemm_body<1, 1>(Tb, plan, maxa, n, x, h, k, 2 * inter, hidden, inter);
+}
+extern "C" __global__ void MG_BOUNDS moe_gemm_down_bf16(const u64* w, const u32* plan, u32 maxa, u32 n, const float* h, float* y, u32 hidden, u32 inter) { WEFT_PDL_ENTRY();
+    ExpertTable Tb = {w, w, 0, 1, 1};
+    moe_gemm_body<0, 0>(Tb, plan, maxa, n, h, y, 0, hidden, inter, inter);
+}
+extern "C" __global__ void MG_BOUNDS moe_gemm_down_fp8(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, u32 n, const float* h, float* y, u32 hidden, u32 inter) { WEFT_PDL_ENTRY();
+    ExpertTable Tb = {w, sc, sc_cols, br, bc};
+    moe_gemm_body<1, 0>(Tb, plan, maxa, n, h, y, 0, hidden, inter, inter);
+}
