@@ -45,6 +45,12 @@ fn bad(name: &str, reason: String) -> BackendError {
     BackendError::BadWeight { name: name.into(), reason }
 }
 
+/// Whether the cut `r` of a dimension of `len` lies on a scale grid of `block`: it starts on a
+/// block boundary and ends on one or at the end (fp8 cuts that do keep their format).
+pub(crate) fn on_grid(r: &Range<usize>, block: usize, len: usize) -> bool {
+    r.start.is_multiple_of(block) && (r.end.is_multiple_of(block) || r.end == len)
+}
+
 /// Rows `r` of `m`.
 pub(crate) fn rows(m: &HostMatrix<'_>, r: Range<usize>) -> Result<HostMatrix<'static>> {
     m.validate()?;
@@ -52,8 +58,7 @@ pub(crate) fn rows(m: &HostMatrix<'_>, r: Range<usize>) -> Result<HostMatrix<'st
         return Err(bad(&m.name, format!("rows {r:?} of {}", m.rows)));
     }
     let name = format!("{}[rows {}..{}]", m.name, r.start, r.end);
-    let aligned = |s: &BlockScales| r.start.is_multiple_of(s.block_rows) && (r.end.is_multiple_of(s.block_rows) || r.end == m.rows);
-    if m.scales.as_ref().is_none_or(aligned) {
+    if m.scales.as_ref().is_none_or(|s| on_grid(&r, s.block_rows, m.rows)) {
         let es = m.dtype.size();
         let bytes = m.bytes[r.start * m.cols * es..r.end * m.cols * es].to_vec();
         let scales = m.scales.as_ref().map(|s| {
@@ -74,8 +79,7 @@ pub(crate) fn cols(m: &HostMatrix<'_>, c: Range<usize>, name: String) -> Result<
         return Err(bad(&m.name, format!("columns {c:?} of {}", m.cols)));
     }
     let (rows, width) = (m.rows, m.cols);
-    let aligned = |s: &BlockScales| c.start.is_multiple_of(s.block_cols) && (c.end.is_multiple_of(s.block_cols) || c.end == width);
-    if m.scales.as_ref().is_none_or(aligned) {
+    if m.scales.as_ref().is_none_or(|s| on_grid(&c, s.block_cols, width)) {
         let es = m.dtype.size();
         let mut bytes = Vec::with_capacity(rows * c.len() * es);
         for r in 0..rows {

@@ -104,7 +104,7 @@ impl<'a, B: Backend> Loader<'a, B> {
     fn device_dummy_window(&self, name: &str, parts: &[(&str, usize)], cols: usize, rows: Option<Range<usize>>, cols_in: Option<Range<usize>>) -> Option<Result<B::Matrix>> {
         let mut spec = self.ck.dummy_spec(name, parts, cols)?;
         if let Some((br, bc)) = spec.fp8_block {
-            let on_grid = |r: &Option<Range<usize>>, block: usize, len: usize| r.as_ref().is_none_or(|r| r.start.is_multiple_of(block) && (r.end.is_multiple_of(block) || r.end == len));
+            let on_grid = |r: &Option<Range<usize>>, block: usize, len: usize| r.as_ref().is_none_or(|r| shard::on_grid(r, block, len));
             if !parts.iter().all(|p| on_grid(&rows, br, p.1)) || !on_grid(&cols_in, bc, cols) {
                 return None;
             }
