@@ -26,6 +26,14 @@
 #else
 #define MG_BK 32
 #endif
+// Activation parts: two (f32-grade, the default), or with WEFT_MG_ONE_PART the bf16 rounding
+// alone (as PyTorch's bf16 grouped_mm; half the products, ~1e-3 from f32) — a variant for
+// measurements, not a default: every other path here keeps f32-grade activations.
+#ifdef WEFT_MG_ONE_PART
+#define MG_PARTS 1
+#else
+#define MG_PARTS 2
+#endif
 #define MG_LD (MG_BK + 8)  // shared row stride in bf16 (≡ 16 bytes mod 128): conflict-free fragment loads
 // Per stage and thread: float4s of activations (XQ per row), 16-byte pieces of weight rows
 // (WQ per row), each thread taking one column position of rows tid / Q + j · (128 / Q).
@@ -126,7 +134,7 @@ __device__ void moe_gemm_body(ExpertTable T, const u32* plan, u32 maxa, u32 n, c
             split_bf16x2(xv[j].x, xv[j].y, h.x, l.x);
             split_bf16x2(xv[j].z, xv[j].w, h.y, l.y);
             *(uint2*)(st + MG_XH + row * MG_LD + c) = h;
-            *(uint2*)(st + MG_XL + row * MG_LD + c) = l;
+            if (MG_PARTS == 2) *(uint2*)(st + MG_XL + row * MG_LD + c) = l;
         }
 #pragma unroll
         for (int j = 0; j < WL; j++) {
@@ -181,7 +189,7 @@ __device__ void moe_gemm_body(ExpertTable T, const u32* plan, u32 maxa, u32 n, c
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-                for (int p = 0; p < 2; p++)
+                for (int p = 0; p < MG_PARTS; p++)
                     ldsm_x4(af[mt][p], st + (p ? MG_XL : MG_XH) + (wm * 32 + mt * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * MG_LD + ks + 8 * (lane / 16));
 #pragma unroll
             for (int nt = 0; nt < 8; nt += 2) {
@@ -198,7 +206,7 @@ __device__ void moe_gemm_body(ExpertTable T, const u32* plan, u32 maxa, u32 n, c
                 for (int nt = 0; nt < 8; nt++) {
                     float (&d)[4] = FP8 ? part[mt][nt] : acc[mt][nt];
 #pragma unroll
-                    for (int p = 0; p < 2; p++) mma_bf16_16816(d, af[mt][p][0], af[mt][p][1], af[mt][p][2], af[mt][p][3], bfr[nt][0], bfr[nt][1]);
+                    for (int p = 0; p < MG_PARTS; p++) mma_bf16_16816(d, af[mt][p][0], af[mt][p][1], af[mt][p][2], af[mt][p][3], bfr[nt][0], bfr[nt][1]);
                 }
         }
         if (FP8 && ((kt + 1) * MG_BK % W.bc == 0 || kt + 1 == stages)) flush(kt * MG_BK);

@@ -4,7 +4,8 @@
 // experts; shapes with partial weight slices (inter 96 of a 64-wide gate|up slice, hidden 160 of a
 // 128-row down slice) and experts whose entries span several 64-row tiles (skewed router logits);
 // and an expert-parallel rank (experts 2..5 of 8 planned; the reference sums only those).
-// Built with -DWEFT_MG_BK=64 it checks the 64-column-stage variant.
+// Built with -DWEFT_MG_BK=64 it checks the 64-column-stage variant, with -DWEFT_MG_ONE_PART the
+// one-activation-part variant (against a looser bound).
 // Exit status: the number of failing cases.
 #include "emu.h"
 #include "../weft_port.h"
@@ -127,7 +128,7 @@ int main() {
             }
         }
         const double err = worst / std::max(scale, 1e-30);
-        const bool ok = err < 2e-5 && tl[0] > plan[0];
+        const bool ok = err < (MG_PARTS == 2 ? 2e-5 : 1e-2) && tl[0] > plan[0];
         std::printf("%s experts %u..%u: %u active, %u tiles (most entries of one expert %u), max |out - ref| / max |ref| = %.2e (max |ref| %.3g) %s\n",
                     c.fp8 ? "fp8 " : "bf16", c.first, c.first + c.held, plan[0], tl[0], most, err, scale, ok ? "ok" : "FAIL");
         fails += !ok;

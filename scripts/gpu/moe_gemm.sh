@@ -3,7 +3,7 @@
 # grouped GEMM of prefill-sized MoE (kernels/moe_gemm.cu). The GPU kernel tests (every op against
 # the CPU; the MoE ones' errors kept) and the step-graph test, then the roofline under each
 # setting of AB (space-separated "VAR=value[,VAR=value]", "-" for the defaults; host routing is
-# WEFT_CUDA_MOE_GEMM_TOKENS=0), alternated twice, Moonlight (BATCH, prefill PREFILL) and the
+# WEFT_CUDA_MOE_GEMM_TOKENS=0; by default also the kernel variants of moe_gemm.cu), alternated twice, Moonlight (BATCH, prefill PREFILL) and the
 # Kimi-K2 slice (KBATCH); then Nsight times of the GEMM kernels in one Moonlight prefill.
 # Output: $OUT/moe-gemm.md.
 set -uo pipefail
@@ -15,7 +15,7 @@ if [ -n "${TESTS-1}" ]; then
   timeout 200 .device/cuda-step_graphs-test 2>&1 | grep -E "^test |test result|panicked" | tee -a "$R"
 fi
 for r in 1 2; do
-  for setting in ${AB:-- WEFT_CUDA_MOE_GEMM_TOKENS=0}; do
+  for setting in ${AB:-- WEFT_CUDA_MOE_GEMM_TOKENS=0 WEFT_CUDA_KERNEL_DEFINES=WEFT_MG_BK=64 WEFT_CUDA_KERNEL_DEFINES=WEFT_MG_MINB=4 WEFT_CUDA_KERNEL_DEFINES=WEFT_MG_ONE_PART}; do
     env_args=(); [ "$setting" != "-" ] && IFS=, read -r -a env_args <<< "$setting"
     echo "== moonlight ${setting} (round $r)" | tee -a "$R"
     env "${env_args[@]}" timeout 150 .device/roofline models/dummy/moonlight-16b-a3b --dummy --batch ${BATCH:-1} --ctx 1024 --prefill ${PREFILL:-1024,4096} --steps 4 2>&1 | grep -E "^\| [0-9]|panicked|rror" | tee -a "$R"
