@@ -287,22 +287,7 @@ extern "C" __global__ void mla_softmax_split(const float* __restrict__ s, u16* p
 // stride ≡ 20 (mod 32) words for w ≡ 0 (mod 32): the value pass's column reads (8 columns ×
 // tokens 2t, 2t+1, 2t+8, 2t+9) hit 32 distinct banks.
 
-#if !defined(WEFT_NO_PTX)
-__device__ __forceinline__ void cp_async16(float* dst, const float* src, u32 bytes) {
-    u32 d = (u32)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-#else
-__device__ __forceinline__ void cp_async16(float* dst, const float* src, u32 bytes) {
-    for (int i = 0; i < 4; i++) dst[i] = bytes ? src[i] : 0.f;
-}
-__device__ __forceinline__ void cp_async_commit() {}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {}
-#endif
+// (cp.async helpers: kernels/weft_port.h.)
 
 // ldmatrix.x4.trans: four 8×8 blocks of b16 from shared memory, each transposed into the
 // mma B-fragment layout (lane g, t gets rows 2t and 2t + 1 of column g); lane l gives the

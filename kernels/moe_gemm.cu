@@ -2,7 +2,8 @@
 // over the plan of moe_route_plan (moe.cu), with no host round trip. The plan's tile list cuts
 // every active expert's entries into tiles of MG_BM plan rows; block (x, y) multiplies tile x by
 // the y-th slice of its expert's weight rows, K in stages of MG_BK columns through shared memory
-// (double-buffered: the next stage's global loads are in flight while this one is multiplied).
+// (double-buffered: the next stage's global loads are in flight while this one is multiplied;
+// cp.async and deeper in the WEFT_MG_ASYNC variant below).
 //
 // Operands, as every other product of f32 activations here: the activation rows (tokens) are
 // the mma's A (m16, row-major), each f32 value as two bf16 parts (its rounding and the rounding's
@@ -42,13 +43,29 @@
 #define MG_FQ (MG_BK / 16)
 #define MG_THREADS 128 // 4 warps: 2 (plan rows) x 2 (weight rows), 32 x 64 each
 
+// Loading (a variant for measurements, WEFT_MG_ASYNC; bf16 weights only, fp8 keeps the register
+// path): instead of staging through registers (activations split there, fp8 converted there),
+// moe_gemm_split first writes the gate|up operand's two parts as bf16 rows in plan order, the
+// gate|up epilogue writes h the same way, and every stage arrives by cp.async, MG_STAGES deep
+// (WEFT_MG_STAGES, default 3), with no registers held for loads in flight. moe.rs reads the
+// same settings (shared bytes, the split pass, h's format).
+#ifdef WEFT_MG_ASYNC
+#define MG_ASYNC 1
+#else
+#define MG_ASYNC 0
+#endif
+#ifdef WEFT_MG_STAGES
+#define MG_STAGES WEFT_MG_STAGES
+#else
+#define MG_STAGES 3
+#endif
+
 // Shared layout of one stage (bf16 units): Xhi [MG_BM][MG_LD], Xlo [MG_BM][MG_LD],
-// W [MG_BN][MG_LD]. Two stages.
+// W [MG_BN][MG_LD]. Two stages (MG_STAGES with cp.async).
 #define MG_XH 0
 #define MG_XL (MG_BM * MG_LD)
 #define MG_W (2 * MG_BM * MG_LD)
 #define MG_STAGE_BF16 (2 * MG_BM * MG_LD + MG_BN * MG_LD)
-#define MG_SMEM_BYTES (2 * MG_STAGE_BF16 * 2)
 
 // ldmatrix.x4: four 8×8 blocks of b16 from shared memory in the mma fragment layout (lane g, t
 // gets elements 2t, 2t + 1 of row g of block i in r[i]); lane l gives the address of row l % 8
@@ -78,8 +95,14 @@ __device__ __forceinline__ void fp8x16_to_bf16(uint4 v, uint4& lo, uint4& hi) {
     hi = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
+// x: f32 activations (gate|up: token rows, gathered by entry; down: h, plan rows), or with
+// cp.async the two bf16 parts of each plan row ([plan row][2 · cols]: hi, then lo). out: gate|up
+// h (f32 [plan row][inter], or bf16 parts [plan row][2 · inter] with cp.async), down y.
 template <int FP8, int GATED>
-__device__ void moe_gemm_body(ExpertTable T, const u32* plan, u32 maxa, u32 n, const float* x, float* out, u32 k, u32 rows, u32 cols, u32 inter) {
+__device__ void moe_gemm_body(ExpertTable T, const u32* plan, u32 maxa, u32 n, const void* x_, void* out_, u32 k, u32 rows, u32 cols, u32 inter) {
+    constexpr bool ASYNC = MG_ASYNC && !FP8;
+    const float* x = (const float*)x_;
+    float* out = (float*)out_;
     WEFT_DYNAMIC_SHARED(uint4, mg_smem);
     u16* sm = (u16*)mg_smem;
     const u32* tiles = plan + 2 + 2 * maxa + n;
@@ -109,7 +132,7 @@ __device__ void moe_gemm_body(ExpertTable T, const u32* plan, u32 maxa, u32 n, c
 #pragma unroll
     for (int j = 0; j < XL; j++) {
         u32 i = i0 + tid / MG_XQ + (MG_THREADS / MG_XQ) * j;
-        xp[j] = i < i1 ? x + (i64)(GATED ? ent[i] / k : i) * cols + 4 * (tid % MG_XQ) : nullptr;
+        xp[j] = !ASYNC && i < i1 ? x + (i64)(GATED ? ent[i] / k : i) * cols + 4 * (tid % MG_XQ) : nullptr;
     }
     const unsigned char* wp[WL];
 #pragma unroll
@@ -173,14 +196,8 @@ __device__ void moe_gemm_body(ExpertTable T, const u32* plan, u32 maxa, u32 n, c
             }
     };
 
-    const u32 stages = cols / MG_BK;
-    gload(0);
-    sstore(0);
-    __syncthreads();
-    for (u32 kt = 0; kt < stages; kt++) {
-        const u32 buf = kt & 1;
-        if (kt + 1 < stages) gload((kt + 1) * MG_BK);
-        const u16* st = sm + buf * MG_STAGE_BF16;
+    // One stage of shared memory times this warp's accumulators (fp8: the scale block's partials).
+    auto multiply = [&](const u16* st) {
 #pragma unroll
         for (int ks = 0; ks < MG_BK; ks += 16) {
             // A (16 plan rows x 16 columns): blocks rows 0-7 | 8-15 at columns 0-7, then at 8-15.
@@ -209,9 +226,55 @@ __device__ void moe_gemm_body(ExpertTable T, const u32* plan, u32 maxa, u32 n, c
                     for (int p = 0; p < MG_PARTS; p++) mma_bf16_16816(d, af[mt][p][0], af[mt][p][1], af[mt][p][2], af[mt][p][3], bfr[nt][0], bfr[nt][1]);
                 }
         }
-        if (FP8 && ((kt + 1) * MG_BK % W.bc == 0 || kt + 1 == stages)) flush(kt * MG_BK);
-        if (kt + 1 < stages) sstore(buf ^ 1);
+    };
+
+    const u32 stages = cols / MG_BK;
+    if constexpr (ASYNC) {
+        // Both activation parts (2 · 64 rows) and the 128 weight rows of a stage, 16 bytes a
+        // copy, MG_WQ per row: this thread's copies are at fixed rows and column offsets.
+        constexpr int XC = 2 * MG_BM * MG_WQ / MG_THREADS;
+        const u16* xs = (const u16*)x_;
+        const u16* xq[XC];
+        u32 xd[XC];
+#pragma unroll
+        for (int j = 0; j < XC; j++) {
+            u32 q = tid + MG_THREADS * j, part = q / (MG_BM * MG_WQ), rr = (q / MG_WQ) % MG_BM, c = q % MG_WQ;
+            u32 i = i0 + rr;
+            xq[j] = i < i1 ? xs + (i64)i * 2 * cols + part * cols + 8 * c : nullptr;
+            xd[j] = (part ? MG_XL : MG_XH) + rr * MG_LD + 8 * c;
+        }
+        auto issue = [&](u32 kt) {
+            u16* st = sm + (kt % MG_STAGES) * MG_STAGE_BF16;
+            const u32 c0 = kt * MG_BK;
+#pragma unroll
+            for (int j = 0; j < XC; j++) cp_async16(st + xd[j], xq[j] ? xq[j] + c0 : xs, xq[j] ? 16u : 0u);
+#pragma unroll
+            for (int j = 0; j < WL; j++) cp_async16(st + MG_W + (tid / WQ + (MG_THREADS / WQ) * j) * MG_LD + 8 * (tid % WQ), wp[j] ? wp[j] + (i64)c0 * 2 : (const unsigned char*)W.w, wp[j] ? 16u : 0u);
+        };
+#pragma unroll
+        for (int s0 = 0; s0 < MG_STAGES - 1; s0++) {
+            if ((u32)s0 < stages) issue(s0);
+            cp_async_commit();
+        }
+        for (u32 kt = 0; kt < stages; kt++) {
+            cp_async_wait<MG_STAGES - 2>();
+            __syncthreads();  // stage kt landed for every thread; stage kt - 1's buffer is free
+            if (kt + MG_STAGES - 1 < stages) issue(kt + MG_STAGES - 1);
+            cp_async_commit();
+            multiply(sm + (kt % MG_STAGES) * MG_STAGE_BF16);
+        }
+    } else {
+        gload(0);
+        sstore(0);
         __syncthreads();
+        for (u32 kt = 0; kt < stages; kt++) {
+            const u32 buf = kt & 1;
+            if (kt + 1 < stages) gload((kt + 1) * MG_BK);
+            multiply(sm + buf * MG_STAGE_BF16);
+            if (FP8 && ((kt + 1) * MG_BK % W.bc == 0 || kt + 1 == stages)) flush(kt * MG_BK);
+            if (kt + 1 < stages) sstore(buf ^ 1);
+            __syncthreads();
+        }
     }
 
 #pragma unroll
@@ -227,7 +290,16 @@ __device__ void moe_gemm_body(ExpertTable T, const u32* plan, u32 maxa, u32 n, c
                     if (p >= inter) continue;
                     float g0 = acc[mt][nt][2 * h8], g1 = acc[mt][nt][2 * h8 + 1];
                     float u0 = acc[mt][nt + 4][2 * h8], u1 = acc[mt][nt + 4][2 * h8 + 1];
-                    *(float2*)(out + (i64)i * inter + p) = make_float2(g0 / (1.0f + expf(-g0)) * u0, g1 / (1.0f + expf(-g1)) * u1);
+                    float v0 = g0 / (1.0f + expf(-g0)) * u0, v1 = g1 / (1.0f + expf(-g1)) * u1;
+                    if (ASYNC) {
+                        u16* ho = (u16*)out_ + (i64)i * 2 * inter + p;
+                        u32 hi, lo;
+                        split_bf16x2(v0, v1, hi, lo);
+                        *(u32*)ho = hi;
+                        *(u32*)(ho + inter) = lo;
+                    } else {
+                        *(float2*)(out + (i64)i * inter + p) = make_float2(v0, v1);
+                    }
                 }
             } else {
                 const u32 e = ent[i];
@@ -250,19 +322,38 @@ __device__ void moe_gemm_body(ExpertTable T, const u32* plan, u32 maxa, u32 n, c
 
 // gate|up: x [tokens, hidden] → h [plan rows, inter]; grid (tile bound, inter / 64).
 // down: h [plan rows, inter] → y [entries, hidden]; grid (tile bound, hidden / 128).
-extern "C" __global__ void MG_BOUNDS moe_gemm_gate_up_bf16(const u64* w, const u32* plan, u32 maxa, u32 n, const float* x, float* h, u32 k, u32 hidden, u32 inter) { WEFT_PDL_ENTRY();
+// (With WEFT_MG_ASYNC the bf16 entries take and give the two-part rows described above.)
+extern "C" __global__ void MG_BOUNDS moe_gemm_gate_up_bf16(const u64* w, const u32* plan, u32 maxa, u32 n, const void* x, void* h, u32 k, u32 hidden, u32 inter) { WEFT_PDL_ENTRY();
     ExpertTable Tb = {w, w, 0, 1, 1};
     moe_gemm_body<0, 1>(Tb, plan, maxa, n, x, h, k, 2 * inter, hidden, inter);
 }
-extern "C" __global__ void MG_BOUNDS moe_gemm_gate_up_fp8(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, u32 n, const float* x, float* h, u32 k, u32 hidden, u32 inter) { WEFT_PDL_ENTRY();
+extern "C" __global__ void MG_BOUNDS moe_gemm_gate_up_fp8(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, u32 n, const void* x, void* h, u32 k, u32 hidden, u32 inter) { WEFT_PDL_ENTRY();
     ExpertTable Tb = {w, sc, sc_cols, br, bc};
     moe_gemm_body<1, 1>(Tb, plan, maxa, n, x, h, k, 2 * inter, hidden, inter);
 }
-extern "C" __global__ void MG_BOUNDS moe_gemm_down_bf16(const u64* w, const u32* plan, u32 maxa, u32 n, const float* h, float* y, u32 hidden, u32 inter) { WEFT_PDL_ENTRY();
+extern "C" __global__ void MG_BOUNDS moe_gemm_down_bf16(const u64* w, const u32* plan, u32 maxa, u32 n, const void* h, void* y, u32 hidden, u32 inter) { WEFT_PDL_ENTRY();
     ExpertTable Tb = {w, w, 0, 1, 1};
     moe_gemm_body<0, 0>(Tb, plan, maxa, n, h, y, 0, hidden, inter, inter);
 }
-extern "C" __global__ void MG_BOUNDS moe_gemm_down_fp8(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, u32 n, const float* h, float* y, u32 hidden, u32 inter) { WEFT_PDL_ENTRY();
+extern "C" __global__ void MG_BOUNDS moe_gemm_down_fp8(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, u32 n, const void* h, void* y, u32 hidden, u32 inter) { WEFT_PDL_ENTRY();
     ExpertTable Tb = {w, sc, sc_cols, br, bc};
     moe_gemm_body<1, 0>(Tb, plan, maxa, n, h, y, 0, hidden, inter, inter);
+}
+
+// With WEFT_MG_ASYNC: the gate|up operand as two bf16 parts per plan row, xs[i] = (hi, lo) of
+// x[token of entry i] ([plan row][2 · cols]). One block per plan row (grid n), rows past the
+// plan's entries exit.
+extern "C" __global__ void moe_gemm_split(const u32* plan, u32 maxa, const float* x, u32 k, u32 cols, u16* xs) { WEFT_PDL_ENTRY();
+    const u32 i = blockIdx.x;
+    if (i >= plan[1 + maxa + plan[0]]) return;
+    const float* xr = x + (i64)(plan[2 + 2 * maxa + i] / k) * cols;
+    u16* o = xs + (i64)i * 2 * cols;
+    for (u32 c = 4 * threadIdx.x; c < cols; c += 4 * blockDim.x) {
+        float4 v = *(const float4*)(xr + c);
+        uint2 h, l;
+        split_bf16x2(v.x, v.y, h.x, l.x);
+        split_bf16x2(v.z, v.w, h.y, l.y);
+        *(uint2*)(o + c) = h;
+        *(uint2*)(o + cols + c) = l;
+    }
 }

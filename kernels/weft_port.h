@@ -174,6 +174,24 @@ __device__ __forceinline__ void weft_prefetch_l2(const void* p, u32 bytes) {
 #define WEFT_PDL_ENTRY() ((void)0)
 __device__ __forceinline__ void weft_prefetch_l2(const void*, u32) {}
 #endif
+// cp.async: 16 bytes from global to shared memory without passing through registers (`bytes`
+// 16, or 0 to fill zeros; `src` must be a valid address either way), grouped by commit and
+// waited for by group (all but the newest N). Without PTX (HIP, the CPU emulator), a plain copy.
+#if !defined(WEFT_NO_PTX)
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, u32 bytes) {
+    u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+#else
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, u32 bytes) { *(uint4*)dst = bytes ? *(const uint4*)src : make_uint4(0u, 0u, 0u, 0u); }
+__device__ __forceinline__ void cp_async_commit() {}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {}
+#endif
+
 // At most this many bytes per block are prefetched (a block streams its rows once; more would
 // only evict the activations from L2).
 #define WEFT_PREFETCH_MAX (64u * 1024u)

@@ -5,7 +5,8 @@
 // 128-row down slice) and experts whose entries span several 64-row tiles (skewed router logits);
 // and an expert-parallel rank (experts 2..5 of 8 planned; the reference sums only those).
 // Built with -DWEFT_MG_BK=64 it checks the 64-column-stage variant, with -DWEFT_MG_ONE_PART the
-// one-activation-part variant (against a looser bound).
+// one-activation-part variant (against a looser bound), with -DWEFT_MG_ASYNC (and
+// -DWEFT_MG_STAGES=N) the cp.async variant's split pass and two-part operands.
 // Exit status: the number of failing cases.
 #include "emu.h"
 #include "../weft_port.h"
@@ -86,12 +87,16 @@ int main() {
         unsigned most = 0;
         for (unsigned a = 0; a < plan[0]; a++) most = std::max(most, plan[2 + maxa + a] - plan[1 + maxa + a]);
 
+        // h: f32 rows, or (cp.async variant, bf16 experts) two-part bf16 rows in the same bytes.
         std::vector<float> h(n * I, NAN), y(n * H, NAN), out(M * H, NAN);
         const unsigned tiles = n / MOE_TILE_ROWS + maxa;
         const unsigned scg = (H + BC - 1) / BC, scd = (I + BC - 1) / BC;
+        std::vector<u16> xs(MG_ASYNC ? n * 2 * H : 0, 0xffff);  // NaN bits where unwritten
+        if (MG_ASYNC && !c.fp8) emu_launch(n, 1, MG_THREADS, [&] { moe_gemm_split(plan.data(), maxa, x.data(), K, H, xs.data()); });
+        const void* gx = MG_ASYNC && !c.fp8 ? (const void*)xs.data() : (const void*)x.data();
         emu_launch(tiles, (I + 63) / 64, MG_THREADS, [&] {
             if (c.fp8) moe_gemm_gate_up_fp8(tgu.data(), tgus.data(), scg, BR, BC, plan.data(), maxa, n, x.data(), h.data(), K, H, I);
-            else moe_gemm_gate_up_bf16(tgu.data(), plan.data(), maxa, n, x.data(), h.data(), K, H, I);
+            else moe_gemm_gate_up_bf16(tgu.data(), plan.data(), maxa, n, gx, h.data(), K, H, I);
         });
         emu_launch(tiles, (H + 127) / 128, MG_THREADS, [&] {
             if (c.fp8) moe_gemm_down_fp8(tdn.data(), tdns.data(), scd, BR, BC, plan.data(), maxa, n, h.data(), y.data(), H, I);

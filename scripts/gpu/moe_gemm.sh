@@ -15,7 +15,7 @@ if [ -n "${TESTS-1}" ]; then
   timeout 200 .device/cuda-step_graphs-test 2>&1 | grep -E "^test |test result|panicked" | tee -a "$R"
 fi
 for r in 1 2; do
-  for setting in ${AB:-- WEFT_CUDA_MOE_GEMM_TOKENS=0 WEFT_CUDA_KERNEL_DEFINES=WEFT_MG_BK=64 WEFT_CUDA_KERNEL_DEFINES=WEFT_MG_MINB=4 WEFT_CUDA_KERNEL_DEFINES=WEFT_MG_ONE_PART}; do
+  for setting in ${AB:-- WEFT_CUDA_MOE_GEMM_TOKENS=0 WEFT_CUDA_KERNEL_DEFINES=WEFT_MG_BK=64 WEFT_CUDA_KERNEL_DEFINES=WEFT_MG_MINB=4 WEFT_CUDA_KERNEL_DEFINES=WEFT_MG_ASYNC WEFT_CUDA_KERNEL_DEFINES=WEFT_MG_ASYNC,WEFT_MG_STAGES=4 WEFT_CUDA_KERNEL_DEFINES=WEFT_MG_ASYNC,WEFT_MG_BK=64 WEFT_CUDA_KERNEL_DEFINES=WEFT_MG_ONE_PART}; do
     env_args=(); [ "$setting" != "-" ] && IFS=, read -r -a env_args <<< "$setting"
     echo "== moonlight ${setting} (round $r)" | tee -a "$R"
     env "${env_args[@]}" timeout 150 .device/roofline models/dummy/moonlight-16b-a3b --dummy --batch ${BATCH:-1} --ctx 1024 --prefill ${PREFILL:-1024,4096} --steps 4 2>&1 | grep -E "^\| [0-9]|panicked|rror" | tee -a "$R"

@@ -170,6 +170,7 @@ pub const KERNELS: &[&str] = &[
     "moe_gemm_gate_up_fp8",
     "moe_gemm_down_bf16",
     "moe_gemm_down_fp8",
+    "moe_gemm_split",
     "moe_combine",
     "mla_decode",
     "mla_decode_bf16",

@@ -30,17 +30,35 @@ const TILE_ROWS: usize = 64;
 const GEMM_ROWS: usize = 128;
 const GEMM_THREADS: u32 = 128;
 
-/// The grouped GEMM's columns per stage (`MG_BK`): 32, or the kernel variant's
-/// `WEFT_MG_BK=N` in `WEFT_CUDA_KERNEL_DEFINES`.
-fn gemm_k() -> usize {
-    static K: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *K.get_or_init(|| std::env::var("WEFT_CUDA_KERNEL_DEFINES").ok().and_then(|d| d.split(',').find_map(|x| x.strip_prefix("WEFT_MG_BK=")?.parse().ok())).unwrap_or(32))
+/// The kernel variant's setting `name` in `WEFT_CUDA_KERNEL_DEFINES` (`NAME` or `NAME=value`;
+/// "" for a bare name), as the kernels were compiled with it.
+fn kernel_define(name: &str) -> Option<String> {
+    let defs = std::env::var("WEFT_CUDA_KERNEL_DEFINES").ok()?;
+    defs.split(',').find_map(|d| if d == name { Some(String::new()) } else { d.strip_prefix(name)?.strip_prefix('=').map(str::to_string) })
 }
 
-/// Shared bytes per block of the grouped GEMM: two stages of both activation parts (64 rows)
-/// and 128 weight rows, rows of `gemm_k() + 8` bf16 (`MG_SMEM_BYTES`).
-fn gemm_smem() -> u32 {
-    (2 * (2 * TILE_ROWS + GEMM_ROWS) * (gemm_k() + 8) * 2) as u32
+/// How the grouped GEMM was compiled: columns per stage (`MG_BK`: 32, or `WEFT_MG_BK=N`), and
+/// with `WEFT_MG_ASYNC` its bf16 kernels' cp.async stages (`WEFT_MG_STAGES`, default 3) over
+/// two-part bf16 operands.
+struct GemmVariant {
+    k: usize,
+    async_stages: Option<usize>,
+}
+
+fn gemm_variant() -> &'static GemmVariant {
+    static V: std::sync::OnceLock<GemmVariant> = std::sync::OnceLock::new();
+    V.get_or_init(|| GemmVariant {
+        k: kernel_define("WEFT_MG_BK").and_then(|v| v.parse().ok()).unwrap_or(32),
+        async_stages: kernel_define("WEFT_MG_ASYNC").map(|_| kernel_define("WEFT_MG_STAGES").and_then(|v| v.parse().ok()).unwrap_or(3)),
+    })
+}
+
+/// Shared bytes per block of the grouped GEMM: per stage both activation parts (64 rows) and
+/// 128 weight rows, rows of `k + 8` bf16; two stages, or the cp.async variant's (bf16 weights).
+fn gemm_smem(fp8: bool) -> u32 {
+    let v = gemm_variant();
+    let stages = if fp8 { 2 } else { v.async_stages.unwrap_or(2) };
+    (stages * (2 * TILE_ROWS + GEMM_ROWS) * (v.k + 8) * 2) as u32
 }
 
 /// How the expert kernels run: one entry per active expert (a single decoding token), a few
@@ -89,7 +107,7 @@ impl CudaBackend {
     /// both products, even row counts (results leave in pairs), fp8 scale blocks of whole stages.
     fn moe_gemm_fits(&self, first: &ExpertWeights<CudaMatrix>) -> bool {
         let (hidden, inter) = (first.gate_up.cols, first.inter);
-        let bk = gemm_k();
+        let bk = gemm_variant().k;
         let stages = |m: &CudaMatrix| m.fp8.as_ref().is_none_or(|f| f.block_cols % bk == 0);
         self.mma && self.moe_gemm_tokens > 0 && hidden % bk == 0 && inter % bk == 0 && stages(&first.gate_up) && stages(&first.down)
     }
@@ -259,14 +277,33 @@ impl CudaBackend {
         let fp8 = tables.fp8.is_some() as usize;
         let (h32, i32_, k32, n32, maxa32) = (hidden as u32, inter as u32, k as u32, n as u32, maxa as u32);
         let tiles = (n / TILE_ROWS + maxa) as u32;
-        let cfg = |slices: usize| LaunchConfig { grid_dim: (tiles, slices as u32, 1), block_dim: (GEMM_THREADS, 1, 1), shared_mem_bytes: gemm_smem() };
+        let cfg = |slices: usize| LaunchConfig { grid_dim: (tiles, slices as u32, 1), block_dim: (GEMM_THREADS, 1, 1), shared_mem_bytes: gemm_smem(fp8 == 1) };
+        // The cp.async variant's bf16 kernels take two-part bf16 rows in plan order (the split
+        // pass for gate|up, h as gate|up writes it), f32 otherwise; both as u32 words here.
+        let parts = fp8 == 0 && gemm_variant().async_stages.is_some();
+        let xs = if parts {
+            let mut xs = self.alloc::<u32>(n * hidden)?;
+            let hidden32 = hidden as u32;
+            let mut l = self.stream.launch_builder(self.func("moe_gemm_split"));
+            l.arg(plan).arg(&maxa32).arg(x).arg(&k32).arg(&hidden32).arg(&mut xs);
+            unsafe { l.launch(LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (GEMM_THREADS, 1, 1), shared_mem_bytes: 0 }) }.map_err(dev)?;
+            Some(xs)
+        } else {
+            None
+        };
+        // f32 rows, or the same bytes as two-part bf16 rows.
         let mut h = self.out(n * inter)?;
         let mut l = self.stream.launch_builder(self.func(["moe_gemm_gate_up_bf16", "moe_gemm_gate_up_fp8"][fp8]));
         l.arg(&tables.gate_up);
         if let Some([(scc, br, bc), _]) = &tables.fp8 {
             l.arg(&tables.gate_up_sc).arg(scc).arg(br).arg(bc);
         }
-        l.arg(plan).arg(&maxa32).arg(&n32).arg(x).arg(&mut h).arg(&k32).arg(&h32).arg(&i32_);
+        l.arg(plan).arg(&maxa32).arg(&n32);
+        match &xs {
+            Some(xs) => l.arg(xs),
+            None => l.arg(x),
+        };
+        l.arg(&mut h).arg(&k32).arg(&h32).arg(&i32_);
         unsafe { l.launch(cfg(inter.div_ceil(GEMM_ROWS / 2))) }.map_err(dev)?;
         let mut y = self.out(n * hidden)?;
         let mut l = self.stream.launch_builder(self.func(["moe_gemm_down_bf16", "moe_gemm_down_fp8"][fp8]));

@@ -8,10 +8,15 @@ use std::process::Command;
 
 /// Builds and runs `kernels/emu/<test>.cpp`; its exit status is its number of failures.
 fn run_emulated(test: &str) {
+    run_emulated_with(test, &[]);
+}
+
+/// `run_emulated` with the kernels compiled with `defines` (their variants, `-DNAME[=value]`).
+fn run_emulated_with(test: &str, defines: &[&str]) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels/emu");
     let exe = std::env::temp_dir().join(format!("weft-{test}-{}", std::process::id()));
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-    let built = Command::new(&cxx).args(["-std=c++20", "-O2", "-fno-strict-aliasing", "-pthread", "-o"]).arg(&exe).arg(dir.join(format!("{test}.cpp"))).output();
+    let built = Command::new(&cxx).args(defines).args(["-std=c++20", "-O2", "-fno-strict-aliasing", "-pthread", "-o"]).arg(&exe).arg(dir.join(format!("{test}.cpp"))).output();
     match built {
         Err(e) => {
             let _ = writeln!(std::io::stderr(), "SKIPPED (no C++ compiler `{cxx}`: {e})");
@@ -44,7 +49,11 @@ fn sampling_front_end_on_the_cpu_emulator() {
     run_emulated("front_test");
 }
 
+/// The grouped GEMM as built by default, and its measured variants: cp.async stages over
+/// two-part bf16 operands, 64-column stages.
 #[test]
 fn prefill_moe_gemm_on_the_cpu_emulator() {
     run_emulated("moe_gemm_test");
+    run_emulated_with("moe_gemm_test", &["-DWEFT_MG_ASYNC"]);
+    run_emulated_with("moe_gemm_test", &["-DWEFT_MG_ASYNC", "-DWEFT_MG_BK=64", "-DWEFT_MG_STAGES=4"]);
 }
