@@ -125,8 +125,9 @@ __device__ void moe_gemm_body(ExpertTable T, const u32* plan, u32 maxa, u32 n, c
         }
         return r0 + s < rows ? r0 + s : ~0u;
     };
-    // This thread's loads per stage: 4 float4 of activations (rows tid/8 + 16j, columns 4·(tid%8)),
-    // and 4 (bf16) or 2 (fp8) 16-byte pieces of weight rows.
+    // This thread's loads per stage (register path): XL float4s of activations (rows
+    // tid / MG_XQ + j · 128 / MG_XQ, columns 4 · (tid % MG_XQ)) and WL 16-byte pieces of weight
+    // rows (likewise by WQ); the cp.async path copies the same weight pieces.
     constexpr int XL = MG_BM * MG_XQ / MG_THREADS, WQ = FP8 ? MG_FQ : MG_WQ, WL = MG_BN * WQ / MG_THREADS;
     const float* xp[XL];
 #pragma unroll
