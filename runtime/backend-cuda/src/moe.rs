@@ -279,7 +279,8 @@ impl CudaBackend {
         let tiles = (n / TILE_ROWS + maxa) as u32;
         let cfg = |slices: usize| LaunchConfig { grid_dim: (tiles, slices as u32, 1), block_dim: (GEMM_THREADS, 1, 1), shared_mem_bytes: gemm_smem(fp8 == 1) };
         // The cp.async variant's bf16 kernels take two-part bf16 rows in plan order (the split
-        // pass for gate|up, h as gate|up writes it), f32 otherwise; both as u32 words here.
+        // pass for gate|up, h as gate|up writes it: the same bytes as its f32 rows), f32 rows
+        // otherwise.
         let parts = fp8 == 0 && gemm_variant().async_stages.is_some();
         let xs = if parts {
             let mut xs = self.alloc::<u32>(n * hidden)?;
