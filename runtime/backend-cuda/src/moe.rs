@@ -7,7 +7,7 @@
 //! expert's last tile partial), so nothing waits for the host.
 
 use crate::{dev, CudaBackend, CudaMatrix};
-use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchArgs, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
 use weft_backend::{ExpertWeights, Result, RouterConfig};
 
@@ -87,6 +87,18 @@ pub struct ExpertTables {
     fp8: Option<[(u32, u32, u32); 2]>,
     /// What the tables were made from (host copy, compared on reuse).
     ptrs: Vec<u64>,
+}
+
+impl ExpertTables {
+    /// The kernel arguments of the gate|up (or down) weights: the pointer table, and for fp8 the
+    /// scale table and the scale grid (columns, block rows, block columns).
+    fn push<'a>(&'a self, l: &mut LaunchArgs<'a>, down: bool) {
+        l.arg(if down { &self.down } else { &self.gate_up });
+        if let Some(grids) = &self.fp8 {
+            let (scc, br, bc) = &grids[down as usize];
+            l.arg(if down { &self.down_sc } else { &self.gate_up_sc }).arg(scc).arg(br).arg(bc);
+        }
+    }
 }
 
 fn ptr_of<T>(be: &CudaBackend, s: &CudaSlice<T>) -> u64 {
@@ -252,18 +264,12 @@ impl CudaBackend {
         };
         let mut h = self.out(n * inter)?;
         let mut l = self.stream.launch_builder(self.func(EXPERT_KERNELS[0][fp8][path as usize]));
-        l.arg(&tables.gate_up);
-        if let Some([(scc, br, bc), _]) = &tables.fp8 {
-            l.arg(&tables.gate_up_sc).arg(scc).arg(br).arg(bc);
-        }
+        tables.push(&mut l, false);
         l.arg(&plan).arg(&maxa32).arg(x).arg(&mut h).arg(&k32).arg(&h32).arg(&i32_);
         unsafe { l.launch(gu_grid) }.map_err(dev)?;
         let mut y = self.out(n * hidden)?;
         let mut l = self.stream.launch_builder(self.func(EXPERT_KERNELS[1][fp8][path as usize]));
-        l.arg(&tables.down);
-        if let Some([_, (scc, br, bc)]) = &tables.fp8 {
-            l.arg(&tables.down_sc).arg(scc).arg(br).arg(bc);
-        }
+        tables.push(&mut l, true);
         l.arg(&plan).arg(&maxa32).arg(&h).arg(&mut y).arg(&h32).arg(&i32_);
         unsafe { l.launch(down_grid) }.map_err(dev)?;
         self.moe_combine(&y, &wts, &ids, first, experts.len(), shared, m, k, hidden)
@@ -295,10 +301,7 @@ impl CudaBackend {
         // f32 rows, or the same bytes as two-part bf16 rows.
         let mut h = self.out(n * inter)?;
         let mut l = self.stream.launch_builder(self.func(["moe_gemm_gate_up_bf16", "moe_gemm_gate_up_fp8"][fp8]));
-        l.arg(&tables.gate_up);
-        if let Some([(scc, br, bc), _]) = &tables.fp8 {
-            l.arg(&tables.gate_up_sc).arg(scc).arg(br).arg(bc);
-        }
+        tables.push(&mut l, false);
         l.arg(plan).arg(&maxa32).arg(&n32);
         match &xs {
             Some(xs) => l.arg(xs),
@@ -308,10 +311,7 @@ impl CudaBackend {
         unsafe { l.launch(cfg(inter.div_ceil(GEMM_ROWS / 2))) }.map_err(dev)?;
         let mut y = self.out(n * hidden)?;
         let mut l = self.stream.launch_builder(self.func(["moe_gemm_down_bf16", "moe_gemm_down_fp8"][fp8]));
-        l.arg(&tables.down);
-        if let Some([_, (scc, br, bc)]) = &tables.fp8 {
-            l.arg(&tables.down_sc).arg(scc).arg(br).arg(bc);
-        }
+        tables.push(&mut l, true);
         l.arg(plan).arg(&maxa32).arg(&n32).arg(&h).arg(&mut y).arg(&h32).arg(&i32_);
         unsafe { l.launch(cfg(hidden.div_ceil(GEMM_ROWS))) }.map_err(dev)?;
         Ok(y)
