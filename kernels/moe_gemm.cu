@@ -82,6 +82,12 @@ __device__ __forceinline__ void ldsm_x4(u32 (&r)[4], const void* row) { emu_ldsm
 __device__ __forceinline__ void ldsm_x4(u32 (&r)[4], const void*) { __builtin_trap(); }
 #endif
 
+// Four f32 values as their bf16 parts (split_bf16x2 twice).
+__device__ __forceinline__ void split_bf16x4(float4 v, uint2& hi, uint2& lo) {
+    split_bf16x2(v.x, v.y, hi.x, lo.x);
+    split_bf16x2(v.z, v.w, hi.y, lo.y);
+}
+
 // Sixteen e4m3 codes to sixteen bf16 (exact), as two 16-byte rows of bf16.
 __device__ __forceinline__ void fp8x16_to_bf16(uint4 v, uint4& lo, uint4& hi) {
     const u32 w[4] = {v.x, v.y, v.z, v.w};
@@ -155,8 +161,7 @@ __device__ void moe_gemm_body(ExpertTable T, const u32* plan, u32 maxa, u32 n, c
         for (int j = 0; j < XL; j++) {
             u32 row = tid / MG_XQ + (MG_THREADS / MG_XQ) * j, c = 4 * (tid % MG_XQ);
             uint2 h, l;
-            split_bf16x2(xv[j].x, xv[j].y, h.x, l.x);
-            split_bf16x2(xv[j].z, xv[j].w, h.y, l.y);
+            split_bf16x4(xv[j], h, l);
             *(uint2*)(st + MG_XH + row * MG_LD + c) = h;
             if (MG_PARTS == 2) *(uint2*)(st + MG_XL + row * MG_LD + c) = l;
         }
@@ -350,10 +355,8 @@ extern "C" __global__ void moe_gemm_split(const u32* plan, u32 maxa, const float
     const float* xr = x + (i64)(plan[2 + 2 * maxa + i] / k) * cols;
     u16* o = xs + (i64)i * 2 * cols;
     for (u32 c = 4 * threadIdx.x; c < cols; c += 4 * blockDim.x) {
-        float4 v = *(const float4*)(xr + c);
         uint2 h, l;
-        split_bf16x2(v.x, v.y, h.x, l.x);
-        split_bf16x2(v.z, v.w, h.y, l.y);
+        split_bf16x4(*(const float4*)(xr + c), h, l);
         *(uint2*)(o + c) = h;
         *(uint2*)(o + cols + c) = l;
     }
