@@ -232,7 +232,8 @@ extern "C" __global__ void mla_gather_bf16(const u16* __restrict__ kv, const u32
     for (u32 d = threadIdx.x; d < width; d += blockDim.x) hi[(i64)j * width + d] = src[d];
 }
 
-// Query (row, head) = block: q_lat then q_pe, [rows·heads][lat + rd] per part.
+// Query (row, head) = block: q_lat then q_pe, [rows·heads][lat + rd] per part (the per-head
+// form passes q_nope as q_lat, its width as lat).
 extern "C" __global__ void mla_q_split(const float* __restrict__ q_lat, const float* __restrict__ q_pe, u16* hi, u16* lo, u32 lat, u32 rd) { WEFT_PDL_ENTRY();
     const i64 rh = blockIdx.x;
     const u32 w = lat + rd;
@@ -241,6 +242,29 @@ extern "C" __global__ void mla_q_split(const float* __restrict__ q_lat, const fl
         u16 h = f32_to_bf16(v);
         hi[rh * w + d] = h;
         lo[rh * w + d] = f32_to_bf16(v - bf16_to_f32(h));
+    }
+}
+
+// Keys of the decompressed (per-head) prefill form as two bf16 parts [t][heads][nope + rd]
+// (block = position · heads + head): the head's non-positional key k_nope [t][heads][nope] (f32,
+// from the decompression GEMMs) split, then the position's rotary key, shared by every head,
+// copied from the gathered context parts (columns lat.. of c_hi / c_lo, [t][w]; has_lo = 0: a
+// bf16 cache, whose second part is zero).
+extern "C" __global__ void mla_k_split(const float* __restrict__ k_nope, const u16* __restrict__ c_hi, const u16* __restrict__ c_lo, int has_lo, u16* hi, u16* lo, u32 heads, u32 nope, u32 lat, u32 rd, u32 w) { WEFT_PDL_ENTRY();
+    const i64 th = blockIdx.x, t = th / heads;
+    const u32 kw = nope + rd;
+    for (u32 d = threadIdx.x; d < kw; d += blockDim.x) {
+        u16 h, l;
+        if (d < nope) {
+            float v = k_nope[th * nope + d];
+            h = f32_to_bf16(v);
+            l = f32_to_bf16(v - bf16_to_f32(h));
+        } else {
+            h = c_hi[t * w + lat + d - nope];
+            l = has_lo ? c_lo[t * w + lat + d - nope] : (u16)0;
+        }
+        hi[th * kw + d] = h;
+        lo[th * kw + d] = l;
     }
 }
 

@@ -131,7 +131,10 @@ fn allreduce_us(bes: &[CudaBackend], ranks: &[Arc<NcclRank>], floats: usize, rep
     })
 }
 
-/// Matmul + attention FLOPs of a prefill of `n` tokens (one sequence, causal).
+/// Matmul + attention FLOPs of a prefill of `n` tokens (one sequence, causal), the model's
+/// own form: W_UK and W_UV applied once per token (in the parameters), then per query, key and
+/// head the 192-wide score and 128-wide value products (before 2026-12-05 the pairs were
+/// counted absorbed, 2·512 + 64 wide: 3.4× the attention term).
 fn prefill_flops(c: &ModelConfig, n: usize) -> f64 {
     let mut params = 0.0;
     for l in 0..c.num_hidden_layers {
@@ -143,7 +146,7 @@ fn prefill_flops(c: &ModelConfig, n: usize) -> f64 {
         };
     }
     let heads = c.num_attention_heads as f64;
-    let per_pair = heads * (2.0 * c.kv_lora_rank as f64 + c.qk_rope_head_dim as f64) * 2.0;
+    let per_pair = heads * (c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim) as f64 * 2.0;
     let pairs = (n * (n + 1) / 2) as f64;
     2.0 * params * n as f64 + per_pair * pairs * c.num_hidden_layers as f64 + 2.0 * (c.vocab_size * c.hidden_size) as f64
 }

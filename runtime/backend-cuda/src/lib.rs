@@ -35,7 +35,7 @@ mod gqa;
 mod graphs;
 mod mla;
 pub use mla::{MmgSpec, MMG_KERNELS};
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "hip-mock"))]
 mod mla_prefill;
 mod moe;
 #[cfg(feature = "cuda")]
@@ -110,6 +110,7 @@ pub const KERNELS: &[&str] = &[
     "mla_gather_split",
     "mla_gather_bf16",
     "mla_q_split",
+    "mla_k_split",
     "mla_softmax_split",
     "scatter_rows",
     "silu_mul",
@@ -344,6 +345,18 @@ pub struct CudaBackend {
     pub mla_gemm_min_rows: usize,
     /// Bytes of scores and split weights one query tile of that path may take (1 GiB).
     pub mla_score_bytes: usize,
+    /// Most query rows per tile of that path (256; `WEFT_CUDA_MLA_PREFILL_TILE`): a tile
+    /// multiplies only the keys its last row sees, so smaller tiles skip more of the causal
+    /// triangle (one 1024-row tile computes 1024² scores per head, four 256-row tiles 62.5 % of
+    /// that), at the price of smaller GEMMs.
+    pub mla_prefill_tile: usize,
+    /// Long runs decompress the context's keys and values per head (`mla_attention_heads`:
+    /// 192 + 128 products per query, key and head instead of the absorbed 576 + 512) when the
+    /// per-head up-projections are bf16 and the decompressed context fits `mla_decompress_bytes`
+    /// (`WEFT_CUDA_MLA_DECOMPRESS=0`: absorbed, for comparisons).
+    pub mla_decompress: bool,
+    /// Bytes the decompressed keys and values of one run may take (4 GiB).
+    pub mla_decompress_bytes: usize,
     pub num_sms: usize,
     /// Largest dynamic shared memory a block may opt into.
     pub smem_optin: usize,
@@ -536,8 +549,13 @@ impl CudaBackend {
             moe_device_tokens: std::env::var("WEFT_CUDA_MOE_DEVICE_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(32),
             moe_gemm_tokens: std::env::var("WEFT_CUDA_MOE_GEMM_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(16),
             moe_grouped: std::env::var("WEFT_CUDA_MOE_GROUPED").map_or(true, |v| v != "0"),
-            mla_gemm_min_rows: std::env::var("WEFT_CUDA_MLA_GEMM_MIN_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
+            // Not on HIP: its stand-in GEMM (kernels/gemm.cu) is slower than the decode kernel.
+            // The mock build has the path for tests, off unless they turn it on.
+            mla_gemm_min_rows: std::env::var("WEFT_CUDA_MLA_GEMM_MIN_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(if cfg!(feature = "cuda") { 64 } else { 0 }),
             mla_score_bytes: 1 << 30,
+            mla_prefill_tile: std::env::var("WEFT_CUDA_MLA_PREFILL_TILE").ok().and_then(|v| v.parse().ok()).unwrap_or(256).max(1),
+            mla_decompress: std::env::var("WEFT_CUDA_MLA_DECOMPRESS").map_or(true, |v| v != "0"),
+            mla_decompress_bytes: 4 << 30,
             num_sms,
             smem_optin,
             uploads: uploads::UploadCache::default(),

@@ -1,20 +1,26 @@
-//! MLA attention for prefill chunks (NVIDIA): a long run of one sequence's query rows attends
-//! through cuBLAS on tensor cores instead of the decode kernel, which re-reads the whole context
-//! for every row (1.47 ms per Moonlight layer for a 1024-token prompt, against 21 µs for
-//! PyTorch's SDPA on the decompressed heads; results/roofline-h200.md).
+//! MLA attention for prefill chunks (NVIDIA; the mock HIP build for tests): a long run of one
+//! sequence's query rows attends through cuBLAS on tensor cores instead of the decode kernel,
+//! which re-reads the whole context for every row (1.47 ms per Moonlight layer for a 1024-token
+//! prompt, against 21 µs for PyTorch's SDPA on the decompressed heads; results/roofline-h200.md).
 //!
-//! Per run: the context gathered from its pages and the queries as two bf16 parts each
-//! (`mla_gather_split`, `mla_q_split` in kernels/mla.cu), scores `S = Q·Cᵀ` as three products
-//! (hi·hi + lo·hi + hi·lo, f32 accumulation), a causal softmax whose weights are split again,
-//! and `O = P·C_lat` as three products written straight into the op's output rows. Rows outside
-//! long runs (decodes, short chunks, speculative verification) take the decode kernel. Query rows
-//! go in tiles so the score buffers stay within the backend's `mla_score_bytes` (1 GiB).
+//! Two forms. Per head (`mla_attention_heads`, the default where the up-projections are bf16):
+//! the run's context gathered from its pages as bf16 parts (`mla_gather_split`), its keys and
+//! values decompressed per head (`k_nope = c·W_UKᵀ`, `v = c·W_UVᵀ`, one product per latent
+//! part), keys with the shared rotary part and queries split into parts (`mla_k_split`,
+//! `mla_q_split`), scores `S = Q·Kᵀ` over 192 columns, values over 128 — 3.4× fewer products
+//! per query, key and head than absorbed. Absorbed (`mla_attention`, and where the per-head
+//! form does not apply): scores against the latents and rotary keys as stored (576 columns),
+//! `O = P·C_lat` (512). Either way operands are two bf16 parts (products hi·hi + hi·lo + lo·hi,
+//! f32 accumulation; a bf16 cache is its own single part), the causal softmax's weights are
+//! split again, and query rows go in tiles of at most `mla_prefill_tile` rows within the
+//! backend's `mla_score_bytes`, each multiplying only the keys its last row sees. Rows outside
+//! long runs (decodes, short chunks, speculative verification) take the decode kernels.
 
 use crate::mla::MlaArgs;
 use crate::ops::cfg;
-use crate::{dev, CudaBackend};
+use crate::{dev, CudaBackend, CudaKvPool, CudaMatrix};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, PushKernelArg};
 use std::ffi::c_void;
 use weft_backend::{AttnRow, Result};
 
@@ -102,65 +108,58 @@ impl CudaBackend {
         .map_err(dev)
     }
 
-    /// Attention of `run`'s rows into their rows of `out` (`[rows][heads][latent]`).
-    pub(crate) fn mla_run(&self, a: MlaArgs<'_>, run: Run, out: &mut CudaSlice<f32>) -> Result<()> {
-        let MlaArgs { pool, layer, q_lat, q_pe, heads, rows, scale } = a;
+    /// Query rows per tile of a run of `len` rows over `total` keys: within the score budget
+    /// and at most `mla_prefill_tile` (each tile multiplies only the keys its last row sees).
+    fn query_tile(&self, heads: usize, total: usize, len: usize) -> usize {
+        (self.mla_score_bytes / (8 * heads * total).max(1)).clamp(1, len).min(self.mla_prefill_tile)
+    }
+
+    /// The context of `run` (everything its last row sees) gathered from its pages as bf16
+    /// parts `[total][w]`: a bf16 cache is its own first part and has no second.
+    fn gather_context(&self, pool: &CudaKvPool, layer: usize, rows: &[AttnRow<'_>], run: Run) -> Result<Context> {
         let l = pool.layout;
-        let (lat, rd, w) = (l.latent_dim, l.rope_dim, l.width());
+        let w = l.width();
         let first = &rows[run.start];
         let ctx0 = first.ctx_len - 1; // context before the run's first row
         let total = ctx0 + run.len;
         let table = self.up_u32(&first.block_table[..total.div_ceil(l.page_size)])?;
         let view = pool.layer(layer);
-        // Context parts [T][w] and query parts [run rows · heads][w]. A bf16 cache is its own
-        // first part and has no second: the products with it are left out.
         let bf = pool.bf16();
         let mut c = self.alloc::<u16>(if bf { total * w } else { 2 * total * w })?;
-        {
-            let (ps, w32) = (l.page_size as u32, w as u32);
-            if bf {
-                let mut b = self.stream.launch_builder(self.func("mla_gather_bf16"));
-                b.arg(&view).arg(&table).arg(&mut c).arg(&ps).arg(&w32);
-                unsafe { b.launch(cfg(total, 0)) }.map_err(dev)?;
-            } else {
-                let (mut hi, mut lo) = c.split_at_mut(total * w);
-                let mut b = self.stream.launch_builder(self.func("mla_gather_split"));
-                b.arg(&view).arg(&table).arg(&mut hi).arg(&mut lo).arg(&ps).arg(&w32);
-                unsafe { b.launch(cfg(total, 0)) }.map_err(dev)?;
-            }
+        let (ps, w32) = (l.page_size as u32, w as u32);
+        if bf {
+            let mut b = self.stream.launch_builder(self.func("mla_gather_bf16"));
+            b.arg(&view).arg(&table).arg(&mut c).arg(&ps).arg(&w32);
+            unsafe { b.launch(cfg(total, 0)) }.map_err(dev)?;
+        } else {
+            let (mut hi, mut lo) = c.split_at_mut(total * w);
+            let mut b = self.stream.launch_builder(self.func("mla_gather_split"));
+            b.arg(&view).arg(&table).arg(&mut hi).arg(&mut lo).arg(&ps).arg(&w32);
+            unsafe { b.launch(cfg(total, 0)) }.map_err(dev)?;
         }
-        let products = if bf { 2 } else { 3 };
-        let rh = run.len * heads;
-        let mut q = self.alloc::<u16>(2 * rh * w)?;
-        {
-            let ql = q_lat.slice(run.start * heads * lat..(run.start + run.len) * heads * lat);
-            let qp = q_pe.slice(run.start * heads * rd..(run.start + run.len) * heads * rd);
-            let (mut hi, mut lo) = q.split_at_mut(rh * w);
-            let (lat32, rd32) = (lat as u32, rd as u32);
-            let mut b = self.stream.launch_builder(self.func("mla_q_split"));
-            b.arg(&ql).arg(&qp).arg(&mut hi).arg(&mut lo).arg(&lat32).arg(&rd32);
-            unsafe { b.launch(cfg(rh, 0)) }.map_err(dev)?;
-        }
-        let (pc, _gc) = c.device_ptr(&self.stream);
-        let (pq, _gq) = q.device_ptr(&self.stream);
-        let (c_hi, c_lo) = (pc, pc + (total * w * 2) as u64);
-        let (q_hi, q_lo) = (pq, pq + (rh * w * 2) as u64);
-        let (po, _go) = out.device_ptr_mut(&self.stream);
-        // Query tiles: at most `mla_score_bytes` of scores (4 bytes) and split weights (2 × 2).
-        let tile = (self.mla_score_bytes / (8 * heads * total)).clamp(1, run.len);
+        Ok(Context { c, ctx0, total, lo: !bf })
+    }
+
+    /// `len` query rows attending causally over keys and values, per head, in query tiles:
+    /// `S = Q·Kᵀ` from the parts (hi·hi + hi·lo + lo·hi, f32 accumulation), the causal softmax
+    /// split into parts, `O = P·V` the same way into `out` (`[rows][heads][vw]`, `out.ld` apart).
+    #[allow(clippy::too_many_arguments)]
+    fn attend(&self, keys: Parts, kw: usize, queries: Parts, values: Parts, vw: usize, out: Parts, heads: usize, ctx0: usize, len: usize, scale: f32) -> Result<()> {
+        let total = ctx0 + len;
+        let tile = self.query_tile(heads, total, len);
         let mut i0 = 0;
-        while i0 < run.len {
-            let r = tile.min(run.len - i0);
+        while i0 < len {
+            let r = tile.min(len - i0);
             let t = ctx0 + i0 + r; // context the tile's last row sees
             let mut s = self.alloc::<f32>(heads * r * t)?;
             let ps = {
                 let (p, _g) = s.device_ptr_mut(&self.stream);
                 p
             };
-            // S_h [r × t] = Q_h · C[..t]ᵀ: per head, query rows are `heads · w` apart.
-            let qrow = (i0 * heads * w * 2) as u64;
-            for (i, (a, b)) in [(c_hi, q_hi), (c_hi, q_lo), (c_lo, q_hi)].into_iter().take(products).enumerate() {
-                self.gemm_bf16(Gemm { ta: true, m: t, n: r, k: w, a: (a, w, 0), b: (b + qrow, heads * w, w as i64), c: (ps, t, (r * t) as i64), batch: heads, accumulate: i > 0 })?;
+            // S_h [r × t] = Q_h · K_h[..t]ᵀ, scores of head h `r · t` apart.
+            let q0 = (i0 * queries.ld * 2) as u64;
+            for (i, (a, b)) in products(keys, queries).into_iter().enumerate() {
+                self.gemm_bf16(Gemm { ta: true, m: t, n: r, k: kw, a: (a, keys.ld, keys.head), b: (b + q0, queries.ld, queries.head), c: (ps, t, (r * t) as i64), batch: heads, accumulate: i > 0 })?;
             }
             let mut p = self.alloc::<u16>(2 * heads * r * t)?;
             {
@@ -171,16 +170,164 @@ impl CudaBackend {
                 unsafe { b.launch(cfg(heads * r, 0)) }.map_err(dev)?;
             }
             let (pp, _gp) = p.device_ptr(&self.stream);
-            let (p_hi, p_lo) = (pp, pp + (heads * r * t * 2) as u64);
-            // O_h [r × lat] = P_h · C[..t, ..lat], written into rows start + i0.. of `out`.
-            let orow = po + (((run.start + i0) * heads * lat) * 4) as u64;
-            for (i, (a, b)) in [(c_hi, p_hi), (c_hi, p_lo), (c_lo, p_hi)].into_iter().take(products).enumerate() {
-                self.gemm_bf16(Gemm { ta: false, m: lat, n: r, k: t, a: (a, w, 0), b: (b, t, (r * t) as i64), c: (orow, heads * lat, lat as i64), batch: heads, accumulate: i > 0 })?;
+            let weights = Parts { hi: pp, lo: Some(pp + (heads * r * t * 2) as u64), ld: t, head: (r * t) as i64 };
+            // O_h [r × vw] = P_h · V_h[..t], into the tile's rows of `out`.
+            let o0 = out.hi + (i0 * out.ld * 4) as u64;
+            for (i, (a, b)) in products(values, weights).into_iter().enumerate() {
+                self.gemm_bf16(Gemm { ta: false, m: vw, n: r, k: t, a: (a, values.ld, values.head), b: (b, t, weights.head), c: (o0, out.ld, out.head), batch: heads, accumulate: i > 0 })?;
             }
             i0 += r;
         }
         Ok(())
     }
+
+    /// `run`'s queries as two bf16 parts `[rows · heads][d + rd]`: each (row, head)'s `d`
+    /// columns of `q` (`q_lat`, or `q_nope` in the per-head form), then its `rd` of `q_pe`.
+    fn split_queries(&self, q: &CudaSlice<f32>, d: usize, q_pe: &CudaSlice<f32>, rd: usize, run: Run, heads: usize) -> Result<CudaSlice<u16>> {
+        let rh = run.len * heads;
+        let mut out = self.alloc::<u16>(2 * rh * (d + rd))?;
+        let qa = q.slice(run.start * heads * d..(run.start + run.len) * heads * d);
+        let qp = q_pe.slice(run.start * heads * rd..(run.start + run.len) * heads * rd);
+        let (mut hi, mut lo) = out.split_at_mut(rh * (d + rd));
+        let (d32, rd32) = (d as u32, rd as u32);
+        let mut b = self.stream.launch_builder(self.func("mla_q_split"));
+        b.arg(&qa).arg(&qp).arg(&mut hi).arg(&mut lo).arg(&d32).arg(&rd32);
+        unsafe { b.launch(cfg(rh, 0)) }.map_err(dev)?;
+        Ok(out)
+    }
+
+    /// Absorbed attention of `run`'s rows into their rows of `out` (`[rows][heads][latent]`):
+    /// scores against the latents and rotary keys as stored, values the latents.
+    pub(crate) fn mla_run(&self, a: MlaArgs<'_>, run: Run, out: &mut CudaSlice<f32>) -> Result<()> {
+        let MlaArgs { pool, layer, q_lat, q_pe, heads, rows, scale } = a;
+        let l = pool.layout;
+        let (lat, rd, w) = (l.latent_dim, l.rope_dim, l.width());
+        let ctx = self.gather_context(pool, layer, rows, run)?;
+        let rh = run.len * heads;
+        let q = self.split_queries(q_lat, lat, q_pe, rd, run, heads)?;
+        let (pc, _gc) = ctx.c.device_ptr(&self.stream);
+        let (pq, _gq) = q.device_ptr(&self.stream);
+        let (po, _go) = out.device_ptr_mut(&self.stream);
+        let latents = Parts { hi: pc, lo: ctx.lo.then_some(pc + (ctx.total * w * 2) as u64), ld: w, head: 0 };
+        let queries = Parts { hi: pq, lo: Some(pq + (rh * w * 2) as u64), ld: heads * w, head: w as i64 };
+        let out = Parts { hi: po + (run.start * heads * lat * 4) as u64, lo: None, ld: heads * lat, head: lat as i64 };
+        self.attend(latents, w, queries, latents, lat, out, heads, ctx.ctx0, run.len, scale)
+    }
+
+    /// Attention of `run`'s rows with the context's keys and values decompressed per head
+    /// (`k_nope = W_UK·c`, `v = W_UV·c` over the latents' parts), into their rows of `out`
+    /// (`[rows][heads][v]`). `q_nope [rows][heads][nope]`.
+    fn mla_run_heads(&self, a: HeadsArgs<'_>, run: Run, out: &mut CudaSlice<f32>) -> Result<()> {
+        let HeadsArgs { pool, layer, q_nope, q_pe, w_uk_t, w_uv, heads, rows, scale } = a;
+        let l = pool.layout;
+        let (lat, rd, w) = (l.latent_dim, l.rope_dim, l.width());
+        let (nope, v) = (w_uk_t.cols, w_uv.rows / heads);
+        let kw = nope + rd;
+        let ctx = self.gather_context(pool, layer, rows, run)?;
+        let total = ctx.total;
+        let (pc, _gc) = ctx.c.device_ptr(&self.stream);
+        let latents = [Some(pc), ctx.lo.then_some(pc + (total * w * 2) as u64)];
+        let (puk, _guk) = w_uk_t.data.device_ptr(&self.stream);
+        let (puv, _guv) = w_uv.data.device_ptr(&self.stream);
+        // k_nope [total][heads][nope] = c · W_UK,hᵀ per head; v [total][heads][v] = c · W_UV,hᵀ;
+        // one product per latent part (the weights are bf16, exact).
+        let mut k_nope = self.alloc::<f32>(total * heads * nope)?;
+        let mut vals = self.alloc::<f32>(total * heads * v)?;
+        {
+            let (pk, _gk) = k_nope.device_ptr_mut(&self.stream);
+            let (pv, _gv) = vals.device_ptr_mut(&self.stream);
+            for (i, c) in latents.into_iter().flatten().enumerate() {
+                self.gemm_bf16(Gemm { ta: false, m: nope, n: total, k: lat, a: (puk, nope, (lat * nope) as i64), b: (c, w, 0), c: (pk, heads * nope, nope as i64), batch: heads, accumulate: i > 0 })?;
+                self.gemm_bf16(Gemm { ta: true, m: v, n: total, k: lat, a: (puv, lat, (v * lat) as i64), b: (c, w, 0), c: (pv, heads * v, v as i64), batch: heads, accumulate: i > 0 })?;
+            }
+        }
+        // Keys as parts [total][heads][nope + rd]: k_nope split, the shared rotary key copied.
+        let mut k = self.alloc::<u16>(2 * total * heads * kw)?;
+        {
+            let (mut hi, mut lo) = k.split_at_mut(total * heads * kw);
+            let c_lo = if ctx.lo { ctx.c.slice(total * w..) } else { ctx.c.slice(..) };
+            let has_lo = ctx.lo as i32;
+            let (h32, n32, lat32, rd32, w32) = (heads as u32, nope as u32, lat as u32, rd as u32, w as u32);
+            let mut b = self.stream.launch_builder(self.func("mla_k_split"));
+            b.arg(&k_nope).arg(&ctx.c).arg(&c_lo).arg(&has_lo).arg(&mut hi).arg(&mut lo).arg(&h32).arg(&n32).arg(&lat32).arg(&rd32).arg(&w32);
+            unsafe { b.launch(cfg(total * heads, 0)) }.map_err(dev)?;
+        }
+        drop(k_nope);
+        let vp = self.to_bf16_parts(&vals, total * heads * v)?;
+        drop(vals);
+        let rh = run.len * heads;
+        let q = self.split_queries(q_nope, nope, q_pe, rd, run, heads)?;
+        let (pk, _gk) = k.device_ptr(&self.stream);
+        let (pvp, _gvp) = vp.device_ptr(&self.stream);
+        let (pq, _gq) = q.device_ptr(&self.stream);
+        let (po, _go) = out.device_ptr_mut(&self.stream);
+        let keys = Parts { hi: pk, lo: Some(pk + (total * heads * kw * 2) as u64), ld: heads * kw, head: kw as i64 };
+        let values = Parts { hi: pvp, lo: Some(pvp + (total * heads * v * 2) as u64), ld: heads * v, head: v as i64 };
+        let queries = Parts { hi: pq, lo: Some(pq + (rh * kw * 2) as u64), ld: heads * kw, head: kw as i64 };
+        let out = Parts { hi: po + (run.start * heads * v * 4) as u64, lo: None, ld: heads * v, head: v as i64 };
+        self.attend(keys, kw, queries, values, v, out, heads, ctx.ctx0, run.len, scale)
+    }
+}
+
+/// A run's gathered context: `c` holds `[total][w]` bf16 values, then (`lo`) the second parts.
+struct Context {
+    c: CudaSlice<u16>,
+    ctx0: usize,
+    total: usize,
+    lo: bool,
+}
+
+/// A GEMM operand in bf16 parts: device addresses of the first and (if any) second part, the
+/// elements between rows (`ld`) and between heads (`head`; 0: shared by every head).
+#[derive(Clone, Copy)]
+struct Parts {
+    hi: u64,
+    lo: Option<u64>,
+    ld: usize,
+    head: i64,
+}
+
+/// The products that make an f32-grade result from parts: hi·hi, hi·lo, lo·hi (the lo·lo term
+/// is below f32 rounding), leaving out those with an absent part.
+fn products(a: Parts, b: Parts) -> Vec<(u64, u64)> {
+    let mut v = vec![(a.hi, b.hi)];
+    v.extend(b.lo.map(|lo| (a.hi, lo)));
+    v.extend(a.lo.map(|lo| (lo, b.hi)));
+    v
+}
+
+/// `mla_attention_heads`'s operands.
+#[derive(Clone, Copy)]
+pub(crate) struct HeadsArgs<'a> {
+    pub pool: &'a CudaKvPool,
+    pub layer: usize,
+    pub q_nope: &'a CudaSlice<f32>,
+    pub q_pe: &'a CudaSlice<f32>,
+    pub w_uk_t: &'a CudaMatrix,
+    pub w_uv: &'a CudaMatrix,
+    pub heads: usize,
+    pub rows: &'a [AttnRow<'a>],
+    pub scale: f32,
+}
+
+/// Rows of `0..n` outside `runs` (sorted, disjoint).
+fn outside(runs: &[Run], n: usize) -> Vec<u32> {
+    let mut others = Vec::new();
+    let mut next = runs.iter().peekable();
+    let mut i = 0;
+    while i < n {
+        match next.peek() {
+            Some(r) if r.start == i => {
+                i += r.len;
+                next.next();
+            }
+            _ => {
+                others.push(i as u32);
+                i += 1;
+            }
+        }
+    }
+    others
 }
 
 impl CudaBackend {
@@ -194,21 +341,7 @@ impl CudaBackend {
         for &run in runs {
             self.mla_run(a, run, &mut out)?;
         }
-        let mut others: Vec<u32> = Vec::new();
-        let mut next = runs.iter().peekable();
-        let mut i = 0;
-        while i < rows.len() {
-            match next.peek() {
-                Some(r) if r.start == i => {
-                    i += r.len;
-                    next.next();
-                }
-                _ => {
-                    others.push(i as u32);
-                    i += 1;
-                }
-            }
-        }
+        let others = outside(runs, rows.len());
         if others.is_empty() {
             return Ok(out);
         }
@@ -222,11 +355,55 @@ impl CudaBackend {
         let packed = self.up_u32(&[&bt[..], &off, &ctx, &others].concat())?;
         let (bt, off, ctx, idx) = (packed.slice(..nb), packed.slice(nb..nb + no), packed.slice(nb + no..nb + 2 * no), packed.slice(nb + 2 * no..));
         let o = self.mla_kernels(MlaArgs { q_lat: &ql, q_pe: &qp, rows: &sub, ..a }, [&bt, &off, &ctx])?;
+        self.scatter_into(&o, &idx, &mut out, width, others.len())?;
+        Ok(out)
+    }
+
+    fn scatter_into(&self, x: &CudaSlice<f32>, idx: &CudaView<'_, u32>, out: &mut CudaSlice<f32>, width: usize, n: usize) -> Result<()> {
         let d = width as u32;
         let mut b = self.stream.launch_builder(self.func("scatter_rows"));
-        b.arg(&o).arg(&idx).arg(&mut out).arg(&d);
-        unsafe { b.launch(cfg(others.len(), 0)) }.map_err(dev)?;
-        Ok(out)
+        b.arg(x).arg(idx).arg(out).arg(&d);
+        unsafe { b.launch(cfg(n, 0)) }.map_err(dev)?;
+        Ok(())
+    }
+
+    /// `mla_attention_heads` through decompressed keys and values for the step's long runs
+    /// (the other rows absorbed, scattered back); `None` where it does not apply: no long runs,
+    /// the path off, up-projections not bf16, or a run's decompressed context past
+    /// `mla_decompress_bytes`. Shapes are checked by the caller.
+    pub(crate) fn mla_heads_with_runs(&self, a: HeadsArgs<'_>) -> Result<Option<CudaSlice<f32>>> {
+        let HeadsArgs { pool, layer, q_nope, q_pe, w_uk_t, w_uv, heads, rows, scale } = a;
+        let bf16 = |m: &CudaMatrix| m.fp8.is_none() && m.f32_data.is_none();
+        if !self.mla_decompress || !bf16(w_uk_t) || !bf16(w_uv) {
+            return Ok(None);
+        }
+        let runs = self.mla_gemm_runs(rows);
+        let l = pool.layout;
+        let (nope, v) = (w_uk_t.cols, w_uv.rows / heads);
+        // k_nope and v in f32, keys and values in two parts: the most a run holds at once.
+        let bytes = |r: &Run| (rows[r.start].ctx_len - 1 + r.len) * heads * (4 * nope + 4 * (nope + l.rope_dim) + 8 * v);
+        if runs.is_empty() || runs.iter().any(|r| bytes(r) > self.mla_decompress_bytes) {
+            return Ok(None);
+        }
+        let width = heads * v;
+        let mut out = self.out(rows.len() * width)?;
+        for &run in &runs {
+            self.mla_run_heads(a, run, &mut out)?;
+        }
+        let others = outside(&runs, rows.len());
+        if others.is_empty() {
+            return Ok(Some(out));
+        }
+        use weft_backend::Backend;
+        let sub: Vec<AttnRow<'_>> = others.iter().map(|&i| rows[i as usize]).collect();
+        let qn = self.gather_rows(q_nope, heads * nope, &others)?;
+        let qp = self.gather_rows(q_pe, heads * l.rope_dim, &others)?;
+        let q_lat = self.head_linear(&qn, heads, w_uk_t)?;
+        let o_lat = self.mla_attention(pool, layer, &q_lat, &qp, heads, &sub, scale)?;
+        let o = self.head_linear(&o_lat, heads, w_uv)?;
+        let idx = self.up_u32(&others)?;
+        self.scatter_into(&o, &idx.slice(..), &mut out, width, others.len())?;
+        Ok(Some(out))
     }
 }
 

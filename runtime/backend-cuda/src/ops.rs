@@ -115,7 +115,7 @@ impl CudaBackend {
     }
 
     /// x as bf16 (`gemm_split`: its rounding then the rounding's error, `2n` values).
-    fn to_bf16_parts(&self, x: &CudaSlice<f32>, n: usize) -> Result<CudaSlice<u16>> {
+    pub(crate) fn to_bf16_parts(&self, x: &CudaSlice<f32>, n: usize) -> Result<CudaSlice<u16>> {
         if !self.gemm_split {
             return self.to_bf16(x, n);
         }
@@ -219,6 +219,22 @@ impl CudaBackend {
     pub(crate) fn len(&self, b: &CudaSlice<f32>) -> usize {
         b.len()
     }
+}
+
+/// Every row's context covered by its block table, every page inside the pool.
+fn check_mla_rows(l: KvLayout, rows: &[AttnRow<'_>]) -> Result<()> {
+    if l.latent_dim > 4 * BLOCK as usize {
+        return Err(shape("mla_attention", format!("latent dim {} above {}", l.latent_dim, 4 * BLOCK)));
+    }
+    for r in rows {
+        if r.ctx_len == 0 || r.ctx_len.div_ceil(l.page_size) > r.block_table.len() {
+            return Err(shape("mla_attention", format!("context {} not covered by {} pages", r.ctx_len, r.block_table.len())));
+        }
+        if let Some(p) = r.block_table.iter().find(|&&p| p as usize >= l.num_pages) {
+            return Err(shape("mla_attention", format!("page {p} outside pool")));
+        }
+    }
+    Ok(())
 }
 
 impl Backend for CudaBackend {
@@ -452,19 +468,9 @@ impl Backend for CudaBackend {
         if q_lat.len() != rows.len() * heads * l.latent_dim || q_pe.len() != rows.len() * heads * l.rope_dim || layer >= l.layers {
             return Err(shape("mla_attention", format!("{} rows x {heads} heads do not match q_lat {} / q_pe {}", rows.len(), q_lat.len(), q_pe.len())));
         }
-        if l.latent_dim > 4 * BLOCK as usize {
-            return Err(shape("mla_attention", format!("latent dim {} above {}", l.latent_dim, 4 * BLOCK)));
-        }
-        for r in rows {
-            if r.ctx_len == 0 || r.ctx_len.div_ceil(l.page_size) > r.block_table.len() {
-                return Err(shape("mla_attention", format!("context {} not covered by {} pages", r.ctx_len, r.block_table.len())));
-            }
-            if let Some(p) = r.block_table.iter().find(|&&p| p as usize >= l.num_pages) {
-                return Err(shape("mla_attention", format!("page {p} outside pool")));
-            }
-        }
+        check_mla_rows(l, rows)?;
         let a = MlaArgs { pool, layer, q_lat, q_pe, heads, rows, scale };
-        #[cfg(feature = "cuda")]
+        #[cfg(any(feature = "cuda", feature = "hip-mock"))]
         {
             let runs = self.mla_gemm_runs(rows);
             if !runs.is_empty() {
@@ -474,6 +480,43 @@ impl Backend for CudaBackend {
         let [bt, off, ctx] = pack_tables(rows);
         let (btb, offb, ctxb) = (self.step_array(StepArray::Tables, &bt)?, self.step_array(StepArray::Offsets, &off)?, self.step_array(StepArray::Lens, &ctx)?);
         self.mla_kernels(a, [&btb.slice(..), &offb.slice(..), &ctxb.slice(..)])
+    }
+
+    fn mla_attention_heads(
+        &self,
+        pool: &CudaKvPool,
+        layer: usize,
+        q_nope: &CudaSlice<f32>,
+        q_pe: &CudaSlice<f32>,
+        w_uk_t: &CudaMatrix,
+        w_uv: &CudaMatrix,
+        heads: usize,
+        rows: &[AttnRow<'_>],
+        scale: f32,
+    ) -> Result<CudaSlice<f32>> {
+        #[cfg(any(feature = "cuda", feature = "hip-mock"))]
+        {
+            // The per-head path where it applies and the shapes agree (else the absorbed ops
+            // below say what is wrong).
+            let l = pool.layout;
+            let fits = heads > 0
+                && layer < l.layers
+                && w_uk_t.rows == heads * l.latent_dim
+                && w_uv.cols == l.latent_dim
+                && w_uv.rows % heads == 0
+                && q_nope.len() == rows.len() * heads * w_uk_t.cols
+                && q_pe.len() == rows.len() * heads * l.rope_dim
+                && check_mla_rows(l, rows).is_ok();
+            if fits {
+                let a = crate::mla_prefill::HeadsArgs { pool, layer, q_nope, q_pe, w_uk_t, w_uv, heads, rows, scale };
+                if let Some(o) = self.mla_heads_with_runs(a)? {
+                    return Ok(o);
+                }
+            }
+        }
+        let q_lat = self.head_linear(q_nope, heads, w_uk_t)?;
+        let o_lat = self.mla_attention(pool, layer, &q_lat, q_pe, heads, rows, scale)?;
+        self.head_linear(&o_lat, heads, w_uv)
     }
 
     fn kv_store(&self, pool: &mut CudaKvPool, layer: usize, k: &CudaSlice<f32>, v: &CudaSlice<f32>, slots: &[u32]) -> Result<()> {

@@ -179,6 +179,74 @@ fn mla_attention_for_8_12_16_20_heads() {
     }
 }
 
+/// Prefill runs through the GEMM path (`mla_prefill.rs`, served here by the stand-in GEMM the
+/// mock build has; real HIP builds keep the decode kernels): a run of 72 rows attending in query
+/// tiles of 32 (tiles multiply only the keys their last row sees), beside a decode row and a
+/// short run of another two sequences, as `mla_attention_heads` — per head over decompressed
+/// keys and values, and absorbed over the latents — against the CPU's absorbed ops; over f32
+/// and bf16 latent caches. Also `mla_attention` alone with the same runs.
+#[test]
+fn mla_prefill_runs_decompressed_and_absorbed() {
+    let (mut g, c) = (mock(), CpuBackend::new());
+    g.mla_prefill_tile = 32;
+    let mut r = Rng(11);
+    let (rd, latent, nope, v, ps) = (32, 128, 48, 40, 64usize);
+    let (ta, tb, tc): (Vec<u32>, Vec<u32>, Vec<u32>) = (vec![3, 0, 7, 1], vec![2, 5], vec![6]);
+    let mut rows: Vec<AttnRow<'_>> = vec![AttnRow { block_table: &tb, ctx_len: 90 }];
+    rows.extend((129..=200).map(|n| AttnRow { block_table: &ta, ctx_len: n }));
+    rows.extend((10..=12).map(|n| AttnRow { block_table: &tc, ctx_len: n }));
+    for dtype in [KvDtype::F32, KvDtype::Bf16] {
+        let layout = KvLayout { layers: 1, num_pages: 8, page_size: ps, latent_dim: latent, rope_dim: rd, dtype };
+        let (mut pg, mut pc) = (g.alloc_kv_pool(layout).unwrap(), c.alloc_kv_pool(layout).unwrap());
+        let n = 8 * ps;
+        let kv = r.vec(n * (latent + rd), 2.0);
+        let pos: Vec<u32> = (0..n as u32).map(|s| s % 200).collect();
+        let slots: Vec<u32> = (0..n as u32).collect();
+        let rp = RopeParams { inv_freq: (0..rd / 2).map(|i| 50000f32.powf(-(2.0 * i as f32) / rd as f32)).collect(), attention_factor: 1.0, interleaved: true };
+        let norm_w = r.vec(latent, 1.0);
+        c.mla_store_kv(&mut pc, 0, &kv, &norm_w, 1e-6, &pos, &slots, &rp).unwrap();
+        // Both sides attend over the same stored values (the CPU's, bf16 words packed in pairs).
+        let words: Vec<f32> = match dtype {
+            KvDtype::F32 => pc.data.clone(),
+            KvDtype::Bf16 => pc.data.chunks(2).map(|v| f32::from_bits((v[0].to_bits() >> 16) | (v[1].to_bits() & 0xffff_0000))).collect(),
+        };
+        g.stream.memcpy_htod(&words, &mut pg.data).unwrap();
+        for heads in [4usize, 16] {
+            let (uk, uv) = (bf16_matrix(&mut r, "w_uk_t", heads * latent, nope), bf16_matrix(&mut r, "w_uv", heads * v, latent));
+            let (guk, guv) = (g.upload_matrix(&uk).unwrap(), g.upload_matrix(&uv).unwrap());
+            let (cuk, cuv) = (c.upload_matrix(&uk).unwrap(), c.upload_matrix(&uv).unwrap());
+            let (q_nope, q_pe) = (r.vec(rows.len() * heads * nope, 0.5), r.vec(rows.len() * heads * rd, 0.5));
+            let want = c.mla_attention_heads(&pc, 0, &q_nope, &q_pe, &cuk, &cuv, heads, &rows, 0.06).unwrap();
+            let (gq, gp) = (g.upload(&q_nope).unwrap(), g.upload(&q_pe).unwrap());
+            let run = heads * v..73 * heads * v;
+            let mut outs = vec![];
+            for (decompress, min_rows) in [(true, 64), (false, 64), (true, 0)] {
+                (g.mla_decompress, g.mla_gemm_min_rows) = (decompress, min_rows);
+                let got = g.download(&g.mla_attention_heads(&pg, 0, &gq, &gp, &guk, &guv, heads, &rows, 0.06).unwrap()).unwrap();
+                let path = if min_rows == 0 {
+                    "decode kernels"
+                } else if decompress {
+                    "decompressed"
+                } else {
+                    "absorbed"
+                };
+                check(&format!("mla_attention_heads ({dtype:?} cache, {path}) {heads} heads"), &got, &want, 1e-4);
+                check(&format!("mla_attention_heads ({dtype:?} cache, {path}) {heads} heads, the run's rows"), &got[run.clone()], &want[run.clone()], 1e-4);
+                outs.push(got);
+            }
+            // Three paths, three roundings of the run's rows (a path not taken would repeat one).
+            assert!(outs[0][run.clone()] != outs[2][run.clone()] && outs[1][run.clone()] != outs[2][run.clone()] && outs[0][run.clone()] != outs[1][run.clone()], "a path was not taken");
+            // The absorbed op alone, runs on.
+            let q_lat = r.vec(rows.len() * heads * latent, 0.5);
+            let want = c.mla_attention(&pc, 0, &q_lat, &q_pe, heads, &rows, 0.06).unwrap();
+            g.mla_gemm_min_rows = 64;
+            let got = g.download(&g.mla_attention(&pg, 0, &g.upload(&q_lat).unwrap(), &gp, heads, &rows, 0.06).unwrap()).unwrap();
+            check(&format!("mla_attention ({dtype:?} cache, runs in tiles) {heads} heads"), &got, &want, 1e-4);
+        }
+    }
+    (g.mla_decompress, g.mla_gemm_min_rows) = (true, 0);
+}
+
 /// The sampling front end on the device (token edits, temperature, top-K, log-sum-exp): the
 /// same candidates and statistics as the CPU's.
 #[test]

@@ -574,6 +574,24 @@ fn mla_prefill_runs_match_cpu() {
             let want = c.mla_attention(&pc, 1, &q_lat, &q_pe, heads, &rows, 0.06).unwrap();
             check(&format!("mla prefill run ({dtype:?} cache) {heads} heads, {} MiB of scores per tile", budget >> 20), &got, &want, 1e-4);
         }
+        // From q_nope to the heads' values (`mla_attention_heads`): per head over decompressed
+        // keys and values (the default for runs), absorbed runs, and query tiles of 64 rows.
+        let (nope, v) = (128, 128);
+        for (heads, decompress, tile) in [(16usize, true, 256usize), (16, true, 64), (16, false, 256), (128, true, 256)] {
+            (g.mla_score_bytes, g.mla_decompress, g.mla_prefill_tile) = (1 << 30, decompress, tile);
+            let (uk, uv) = (bf16_matrix(&mut r, heads * latent, nope, 0.05), bf16_matrix(&mut r, heads * v, latent, 0.05));
+            let (q_nope, q_pe) = (r.vec(rows.len() * heads * nope, 0.5), r.vec(rows.len() * heads * rd, 0.5));
+            let got =
+                g.mla_attention_heads(&pg, 1, &g.upload(&q_nope).unwrap(), &g.upload(&q_pe).unwrap(), &g.upload_matrix(&uk).unwrap(), &g.upload_matrix(&uv).unwrap(), heads, &rows, 0.06).unwrap();
+            let want = c.mla_attention_heads(&pc, 1, &q_nope, &q_pe, &c.upload_matrix(&uk).unwrap(), &c.upload_matrix(&uv).unwrap(), heads, &rows, 0.06).unwrap();
+            check(
+                &format!("mla prefill run to heads ({dtype:?} cache) {heads} heads, {}, tiles of {tile}", if decompress { "decompressed" } else { "absorbed" }),
+                &g.download(&got).unwrap(),
+                &want,
+                1e-4,
+            );
+        }
+        (g.mla_decompress, g.mla_prefill_tile) = (true, 256);
     }
 }
 

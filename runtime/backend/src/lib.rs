@@ -284,6 +284,30 @@ pub trait Backend: Send + Sync + 'static {
     /// `q_pe [m, heads, rope]`; returns `o_lat [m, heads, latent]` (before W_UV).
     #[allow(clippy::too_many_arguments)]
     fn mla_attention(&self, pool: &Self::KvPool, layer: usize, q_lat: &Self::Buf, q_pe: &Self::Buf, heads: usize, rows: &[AttnRow<'_>], scale: f32) -> Result<Self::Buf>;
+    /// MLA attention from the queries to each head's values: `q_nope [m, heads, nope]`,
+    /// `q_pe [m, heads, rope]`, `w_uk_t` / `w_uv` the per-head up-projections as `head_linear`
+    /// takes them (`[heads·latent, nope]`, `[heads·v, latent]`); returns `[m, heads, v]`. The
+    /// default is the absorbed form (W_UK into the query, attention over the latents, W_UV
+    /// after). A backend may decompress the context's keys and values per head instead where
+    /// that costs less (long prefill runs: 192 + 128 products per query, key and head against
+    /// 576 + 512 absorbed).
+    #[allow(clippy::too_many_arguments)]
+    fn mla_attention_heads(
+        &self,
+        pool: &Self::KvPool,
+        layer: usize,
+        q_nope: &Self::Buf,
+        q_pe: &Self::Buf,
+        w_uk_t: &Self::Matrix,
+        w_uv: &Self::Matrix,
+        heads: usize,
+        rows: &[AttnRow<'_>],
+        scale: f32,
+    ) -> Result<Self::Buf> {
+        let q_lat = self.head_linear(q_nope, heads, w_uk_t)?;
+        let o_lat = self.mla_attention(pool, layer, &q_lat, q_pe, heads, rows, scale)?;
+        self.head_linear(&o_lat, heads, w_uv)
+    }
 
     // ---- grouped-query attention (draft models with ordinary attention: DFlash) ----
     /// Stores `k` and `v` (`[m, kv_width]` each) at `slots` of `layer`, in a pool laid out as

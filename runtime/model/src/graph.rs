@@ -249,11 +249,9 @@ impl<B: Backend> DeepseekV3<B> {
             }
         };
         let (q_nope, q_pe) = be.mla_split_rope_q(&q, heads, c.qk_nope_head_dim, c.qk_rope_head_dim, batch.positions, &self.rope)?;
-        let q_lat = be.head_linear(&q_nope, heads, &a.w_uk_t)?;
         let kv_a = be.linear(x, &a.kv_a_proj)?;
         be.mla_store_kv(pool, layer, &kv_a, &a.kv_a_layernorm, eps, batch.positions, batch.slots, &self.rope)?;
-        let o_lat = be.mla_attention(pool, layer, &q_lat, &q_pe, heads, batch.attn, self.scale)?;
-        let o = be.head_linear(&o_lat, heads, &a.w_uv)?;
+        let o = be.mla_attention_heads(pool, layer, &q_nope, &q_pe, &a.w_uk_t, &a.w_uv, heads, batch.attn, self.scale)?;
         self.reduce(be.linear(&o, &a.o_proj)?)
     }
 
