@@ -10,8 +10,10 @@
 // (v, i) beats (w, j) when larger, ties to the lower index (the CPU reference's order).
 __device__ __forceinline__ bool beats(float v, int i, float w, int j) { return v > w || (v == w && i < j); }
 
-// Block blockIdx.x routes its token: ids[t*k + j], w[t*k + j] for the k selected experts.
-__device__ void route_token(const float* logits, const float* bias, u32 E, u32 K, u32 n_group, u32 topk_group, int norm, float scaling, u32* ids, float* wts) {
+// Block blockIdx.x routes its token: ids[t*(K+S) + j], w[t*(K+S) + j] for the K selected
+// experts, then the S shared-expert slots every token takes with weight 1 (ids E..E+S: the
+// shared experts' intermediate chunks, run with the routed ones; S = 0 when they run apart).
+__device__ void route_token(const float* logits, const float* bias, u32 E, u32 K, u32 S, u32 n_group, u32 topk_group, int norm, float scaling, u32* ids, float* wts) {
     __shared__ float score[MOE_MAX_EXPERTS], choice[MOE_MAX_EXPERTS];
     __shared__ unsigned char taken[MOE_MAX_EXPERTS];
     __shared__ float gscore[MOE_MAX_GROUPS];
@@ -81,31 +83,47 @@ __device__ void route_token(const float* logits, const float* bias, u32 E, u32 K
         float d = 0.f;
         for (u32 j = 0; j < K; j++) d += score[sel[j]];
         d += 1e-20f;
+        const i64 row = (i64)blockIdx.x * (K + S);
         for (u32 j = 0; j < K; j++) {
             float w = score[sel[j]];
             if (norm) w /= d;
-            ids[(i64)blockIdx.x * K + j] = (u32)sel[j];
-            wts[(i64)blockIdx.x * K + j] = w * scaling;
+            ids[row + j] = (u32)sel[j];
+            wts[row + j] = w * scaling;
+        }
+        for (u32 s = 0; s < S; s++) {
+            ids[row + K + s] = E + s;
+            wts[row + K + s] = 1.0f;
         }
     }
+}
+
+// The local index of expert `id` in a plan over routed experts first..first+held followed by
+// S shared chunks (ids E..E+S, local held..held+S); past held + S for experts held elsewhere
+// (ids below `first` wrap). Out-of-range ids clamp to the last routed expert.
+__device__ __forceinline__ u32 local_expert(u32 id, u32 E, u32 S, u32 first, u32 held) {
+    if (id >= E && id - E < S) return held + (id - E);
+    u32 e = min(id, E - 1) - first;
+    return e < held ? e : held + S;
 }
 
 // One block: plan[0] = number of active experts A, plan[1..1+A] their ids, then offsets
 // plan[1+MAXA .. 1+MAXA+A+1] into plan[2+2*MAXA ..] = the entries (t*k + j) each serves.
 // Entries of one expert are in no particular order; each is computed independently. `ids`
 // were written by other blocks of the same launch: read past L1 (volatile). Only experts
-// first..first+held are planned (an expert-parallel rank's), by their index among those;
-// entries routed elsewhere are left out (moe_combine skips them). After the n entries, the
+// first..first+held are planned (an expert-parallel rank's), by their index among those, then
+// the S shared chunks (`local_expert`); entries routed elsewhere are left out (moe_combine skips
+// them). After the n entries, the
 // tile list of the grouped GEMM (moe_gemm.cu): its length, then (active expert, first plan
 // row) per tile of at most MOE_TILE_ROWS rows of one expert — at most n / MOE_TILE_ROWS + A
 // tiles (moe.rs sizes the plan for it).
 #define MOE_TILE_ROWS 64
-__device__ void plan_experts(const volatile u32* ids, u32 n, u32 E, u32 first, u32 held, u32 maxa, u32* plan) {
+__device__ void plan_experts(const volatile u32* ids, u32 n, u32 E, u32 S, u32 first, u32 held, u32 maxa, u32* plan) {
     __shared__ u32 count[MOE_MAX_EXPERTS], slot[MOE_MAX_EXPERTS], fill[MOE_MAX_EXPERTS], tile0[MOE_MAX_EXPERTS];
+    held += S;  // the shared chunks are planned after the routed experts
     for (u32 e = threadIdx.x; e < held; e += blockDim.x) { count[e] = 0; fill[e] = 0; }
     __syncthreads();
     for (u32 i = threadIdx.x; i < n; i += blockDim.x) {
-        u32 e = min(ids[i], E - 1) - first;  // wraps past `held` below `first`
+        u32 e = local_expert(ids[i], E, S, first, held - S);
         if (e < held) atomicAdd(&count[e], 1u);
     }
     __syncthreads();
@@ -129,7 +147,7 @@ __device__ void plan_experts(const volatile u32* ids, u32 n, u32 E, u32 first, u
             tiles[2 + 2 * j] = off[a] + r;
         }
     for (u32 i = threadIdx.x; i < n; i += blockDim.x) {
-        u32 e = min(ids[i], E - 1) - first;
+        u32 e = local_expert(ids[i], E, S, first, held - S);
         if (e >= held) continue;
         u32 p = atomicAdd(&fill[e], 1u);
         ent[off[slot[e]] + p] = i;
@@ -138,16 +156,16 @@ __device__ void plan_experts(const volatile u32* ids, u32 n, u32 E, u32 first, u
 
 // Routing and the plan in one launch: one block per token routes it; the last block to finish
 // (a device-wide counter, reset by that block for the next launch) makes the plan.
-extern "C" __global__ void moe_route_plan(const float* logits, const float* bias, u32 E, u32 K, u32 n_group, u32 topk_group, int norm, float scaling, u32* ids, float* wts, u32 first, u32 held, u32 maxa, u32* plan, u32* counter) { WEFT_PDL_ENTRY();
+extern "C" __global__ void moe_route_plan(const float* logits, const float* bias, u32 E, u32 K, u32 S, u32 n_group, u32 topk_group, int norm, float scaling, u32* ids, float* wts, u32 first, u32 held, u32 maxa, u32* plan, u32* counter) { WEFT_PDL_ENTRY();
     __shared__ bool last;
-    route_token(logits, bias, E, K, n_group, topk_group, norm, scaling, ids, wts);
+    route_token(logits, bias, E, K, S, n_group, topk_group, norm, scaling, ids, wts);
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
     __syncthreads();
     if (!last) return;
     __threadfence();
-    plan_experts(ids, gridDim.x * K, E, first, held, maxa, plan);
+    plan_experts(ids, gridDim.x * (K + S), E, S, first, held, maxa, plan);
     if (threadIdx.x == 0) *counter = 0u;
 }
 
@@ -244,20 +262,20 @@ __device__ void moe_down_body(ExpertTable T, const u32* plan, u32 maxa, const fl
 MOE_ENTRY(1)
 MOE_ENTRY(8)
 
-// out[t, :] = sum_j w[t*k + j] * y[t*k + j, :], slots summed in order (deterministic), then
-// + add[t, :] (the shared experts' output) when has_add. Block b covers token b / chunks and
+// out[t, :] = sum_j w[t*k + j] * y[t*k + j, :] over the token's k slots (routed, then any
+// shared chunks run with them), summed in order (deterministic), then + add[t, :] (the shared
+// experts' output, when they ran apart) when has_add. Only slots whose expert is among
+// first..first+held or a shared chunk (ids E..E+S) count (all of them unless expert-parallel:
+// the other ranks add theirs through the all-reduce). Block b covers token b / chunks and
 // blockDim dims of it: a single token spreads over hidden / blockDim blocks.
-// out[t] = sum over the token's entries of their weight times their expert's output (+ add[t]);
-// only entries whose expert is among first..first+held (all of them unless expert-parallel: the
-// other ranks add theirs through the all-reduce).
-extern "C" __global__ void moe_combine(const float* __restrict__ y, const float* __restrict__ wts, const u32* __restrict__ ids, u32 first, u32 held, const float* __restrict__ add, int has_add, float* __restrict__ out, u32 k, u32 hidden) { WEFT_PDL_ENTRY();
+extern "C" __global__ void moe_combine(const float* __restrict__ y, const float* __restrict__ wts, const u32* __restrict__ ids, u32 E, u32 S, u32 first, u32 held, const float* __restrict__ add, int has_add, float* __restrict__ out, u32 k, u32 hidden) { WEFT_PDL_ENTRY();
     u32 chunks = (hidden + blockDim.x - 1) / blockDim.x;
     i64 t = blockIdx.x / chunks;
     u32 d = (blockIdx.x % chunks) * blockDim.x + threadIdx.x;
     if (d >= hidden) return;
     float s = 0.f;
     for (u32 j = 0; j < k; j++)
-        if (ids[t * k + j] - first < held) s += wts[t * k + j] * y[(t * k + j) * hidden + d];
+        if (local_expert(ids[t * k + j], E, S, first, held) < held + S) s += wts[t * k + j] * y[(t * k + j) * hidden + d];
     if (has_add) s += add[t * hidden + d];
     out[t * hidden + d] = s;
 }

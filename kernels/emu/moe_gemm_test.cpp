@@ -3,7 +3,9 @@
 // launches them, against a float64 reference over the same routing: bf16 and fp8 (block-scaled)
 // experts; shapes with partial weight slices (inter 96 of a 64-wide gate|up slice, hidden 160 of a
 // 128-row down slice) and experts whose entries span several 64-row tiles (skewed router logits);
-// and an expert-parallel rank (experts 2..5 of 8 planned; the reference sums only those).
+// and an expert-parallel rank (experts 2..5 of 8 planned; the reference sums only those); with
+// shared-expert chunks run as experts every token takes with weight 1 (S slots after the K
+// routed ones, planned after the routed experts), on a whole layer and on the rank.
 // Built with -DWEFT_MG_BK=64 it checks the 64-column-stage variant, with -DWEFT_MG_ONE_PART the
 // one-activation-part variant (against a looser bound), with -DWEFT_MG_ASYNC (and
 // -DWEFT_MG_STAGES=N) the cp.async variant's split pass and two-part operands.
@@ -31,8 +33,9 @@ int main() {
     emu_warp = 32;
     int fails = 0;
     const unsigned E = 8, K = 3, M = 70, H = 5 * MG_BK, I = 3 * MG_BK;  // 160 and 96 for 32-column stages
-    struct Case { bool fp8; unsigned first, held; };
-    for (Case c : {Case{false, 0, E}, Case{true, 0, E}, Case{false, 2, 4}}) {
+    struct Case { bool fp8; unsigned first, held, S; };
+    for (Case c : {Case{false, 0, E, 0}, Case{true, 0, E, 0}, Case{false, 2, 4, 0}, Case{false, 0, E, 2}, Case{true, 2, 4, 1}}) {
+        const unsigned KS = K + c.S, tab = c.held + c.S;  // slots per token, table entries
         // Router logits skewed towards expert 2, so it serves more than one 64-row tile.
         std::vector<float> logits(M * E), bias(E);
         for (unsigned t = 0; t < M; t++)
@@ -43,9 +46,9 @@ int main() {
         // Weights: bf16 values, or e4m3 codes (small integers times powers of two) with block
         // scales of 32 rows x one stage's columns.
         const unsigned BR = 32, BC = MG_BK;
-        std::vector<std::vector<u16>> gu16(c.held), dn16(c.held);
-        std::vector<std::vector<unsigned char>> gu8(c.held), dn8(c.held);
-        std::vector<std::vector<float>> gus(c.held), dns(c.held), guf(c.held), dnf(c.held);
+        std::vector<std::vector<u16>> gu16(tab), dn16(tab);
+        std::vector<std::vector<unsigned char>> gu8(tab), dn8(tab);
+        std::vector<std::vector<float>> gus(tab), dns(tab), guf(tab), dnf(tab);
         auto make = [&](unsigned rows, unsigned cols, std::vector<u16>& w16, std::vector<unsigned char>& w8, std::vector<float>& sc, std::vector<float>& wf) {
             const unsigned scc = (cols + BC - 1) / BC;
             sc.assign(((rows + BR - 1) / BR) * scc, 0.f);
@@ -66,12 +69,12 @@ int main() {
                     }
                 }
         };
-        for (unsigned e = 0; e < c.held; e++) {
+        for (unsigned e = 0; e < tab; e++) {
             make(2 * I, H, gu16[e], gu8[e], gus[e], guf[e]);
             make(H, I, dn16[e], dn8[e], dns[e], dnf[e]);
         }
-        std::vector<u64> tgu(c.held), tdn(c.held), tgus(c.held), tdns(c.held);
-        for (unsigned e = 0; e < c.held; e++) {
+        std::vector<u64> tgu(tab), tdn(tab), tgus(tab), tdns(tab);
+        for (unsigned e = 0; e < tab; e++) {
             tgu[e] = c.fp8 ? (u64)gu8[e].data() : (u64)gu16[e].data();
             tdn[e] = c.fp8 ? (u64)dn8[e].data() : (u64)dn16[e].data();
             tgus[e] = (u64)gus[e].data();
@@ -79,10 +82,10 @@ int main() {
         }
 
         // Routing and plan, sized as moe.rs sizes them.
-        const unsigned n = M * K, maxa = std::min(c.held, n);
+        const unsigned n = M * KS, maxa = std::min(tab, n);
         std::vector<u32> ids(n), plan(2 + 2 * maxa + n + 1 + 2 * (n / MOE_TILE_ROWS + maxa), 0xdeadbeefu), counter(1, 0);
         std::vector<float> wts(n);
-        emu_launch(M, 1, 256, [&] { moe_route_plan(logits.data(), bias.data(), E, K, 1, 1, 1, 2.5f, ids.data(), wts.data(), c.first, c.held, maxa, plan.data(), counter.data()); });
+        emu_launch(M, 1, 256, [&] { moe_route_plan(logits.data(), bias.data(), E, K, c.S, 1, 1, 1, 2.5f, ids.data(), wts.data(), c.first, c.held, maxa, plan.data(), counter.data()); });
         const u32* tl = plan.data() + 2 + 2 * maxa + n;
         unsigned most = 0;
         for (unsigned a = 0; a < plan[0]; a++) most = std::max(most, plan[2 + maxa + a] - plan[1 + maxa + a]);
@@ -92,25 +95,29 @@ int main() {
         const unsigned tiles = n / MOE_TILE_ROWS + maxa;
         const unsigned scg = (H + BC - 1) / BC, scd = (I + BC - 1) / BC;
         std::vector<u16> xs(MG_ASYNC ? n * 2 * H : 0, 0xffff);  // NaN bits where unwritten
-        if (MG_ASYNC && !c.fp8) emu_launch(n, 1, MG_THREADS, [&] { moe_gemm_split(plan.data(), maxa, x.data(), K, H, xs.data()); });
+        if (MG_ASYNC && !c.fp8) emu_launch(n, 1, MG_THREADS, [&] { moe_gemm_split(plan.data(), maxa, x.data(), KS, H, xs.data()); });
         const void* gx = MG_ASYNC && !c.fp8 ? (const void*)xs.data() : (const void*)x.data();
         emu_launch(tiles, (I + 63) / 64, MG_THREADS, [&] {
-            if (c.fp8) moe_gemm_gate_up_fp8(tgu.data(), tgus.data(), scg, BR, BC, plan.data(), maxa, n, x.data(), h.data(), K, H, I);
-            else moe_gemm_gate_up_bf16(tgu.data(), plan.data(), maxa, n, gx, h.data(), K, H, I);
+            if (c.fp8) moe_gemm_gate_up_fp8(tgu.data(), tgus.data(), scg, BR, BC, plan.data(), maxa, n, x.data(), h.data(), KS, H, I);
+            else moe_gemm_gate_up_bf16(tgu.data(), plan.data(), maxa, n, gx, h.data(), KS, H, I);
         });
         emu_launch(tiles, (H + 127) / 128, MG_THREADS, [&] {
             if (c.fp8) moe_gemm_down_fp8(tdn.data(), tdns.data(), scd, BR, BC, plan.data(), maxa, n, h.data(), y.data(), H, I);
             else moe_gemm_down_bf16(tdn.data(), plan.data(), maxa, n, h.data(), y.data(), H, I);
         });
-        emu_launch(M * ((H + 127) / 128), 1, 128, [&] { moe_combine(y.data(), wts.data(), ids.data(), c.first, c.held, nullptr, 0, out.data(), K, H); });
+        emu_launch(M * ((H + 127) / 128), 1, 128, [&] { moe_combine(y.data(), wts.data(), ids.data(), E, c.S, c.first, c.held, nullptr, 0, out.data(), KS, H); });
 
         // Reference: the same routing (ids, wts), float64 products over f32 activations.
         double worst = 0, scale = 0;
         for (unsigned t = 0; t < M; t++) {
             std::vector<double> ref(H, 0.0);
-            for (unsigned j = 0; j < K; j++) {
-                unsigned e = ids[t * K + j] - c.first;
-                if (e >= c.held) continue;
+            for (unsigned j = 0; j < KS; j++) {
+                // Routed slots: the expert's place among those held; shared slots: the chunk's.
+                unsigned e = j < K ? ids[t * KS + j] - c.first : c.held + (j - K);
+                if (j < K ? e >= c.held : ids[t * KS + j] != E + (j - K) || wts[t * KS + j] != 1.f) {
+                    if (j >= K) worst = INFINITY;  // a shared slot must always be there, weight 1
+                    continue;
+                }
                 std::vector<double> hh(I);
                 for (unsigned p = 0; p < I; p++) {
                     double g = 0, u = 0;
@@ -123,7 +130,7 @@ int main() {
                 for (unsigned r = 0; r < H; r++) {
                     double s = 0;
                     for (unsigned p = 0; p < I; p++) s += (double)dnf[e][(size_t)r * I + p] * hh[p];
-                    ref[r] += wts[t * K + j] * s;
+                    ref[r] += wts[t * KS + j] * s;
                 }
             }
             for (unsigned r = 0; r < H; r++) {
@@ -134,8 +141,8 @@ int main() {
         }
         const double err = worst / std::max(scale, 1e-30);
         const bool ok = err < (MG_PARTS == 2 ? 2e-5 : 1e-2) && tl[0] > plan[0];
-        std::printf("%s experts %u..%u: %u active, %u tiles (most entries of one expert %u), max |out - ref| / max |ref| = %.2e (max |ref| %.3g) %s\n",
-                    c.fp8 ? "fp8 " : "bf16", c.first, c.first + c.held, plan[0], tl[0], most, err, scale, ok ? "ok" : "FAIL");
+        std::printf("%s experts %u..%u + %u shared: %u active, %u tiles (most entries of one expert %u), max |out - ref| / max |ref| = %.2e (max |ref| %.3g) %s\n",
+                    c.fp8 ? "fp8 " : "bf16", c.first, c.first + c.held, c.S, plan[0], tl[0], most, err, scale, ok ? "ok" : "FAIL");
         fails += !ok;
     }
     return fails;

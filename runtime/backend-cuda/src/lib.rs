@@ -339,6 +339,10 @@ pub struct CudaBackend {
     /// experts (`moe_grouped.rs`) instead of a GEMM pair per expert (`WEFT_CUDA_MOE_GROUPED=0`:
     /// the per-expert path, for comparisons).
     pub moe_grouped: bool,
+    /// Decode-sized batches run the shared experts' chunks with the routed experts, as experts
+    /// every token takes with weight 1 — one launch pair over all of them instead of a gated
+    /// linear and a linear apart (`WEFT_CUDA_MOE_SHARED_FUSED=0`: apart, for comparisons).
+    pub moe_shared_fused: bool,
     /// Fewest consecutive query rows of one sequence (a prefill chunk) that attend through
     /// cuBLAS (`mla_prefill.rs`) rather than the decode kernel (64; `WEFT_CUDA_MLA_GEMM_MIN_ROWS`,
     /// 0 = never).
@@ -361,7 +365,7 @@ pub struct CudaBackend {
     /// Largest dynamic shared memory a block may opt into.
     pub smem_optin: usize,
     uploads: uploads::UploadCache,
-    expert_tables: Mutex<HashMap<u64, Arc<moe::ExpertTables>>>,
+    expert_tables: Mutex<HashMap<(u64, usize), Arc<moe::ExpertTables>>>,
     /// The routing kernel's count of finished blocks (zero between launches).
     moe_counter: Mutex<CudaSlice<u32>>,
     /// cuBLAS's workspace (kept alive while the handle uses it).
@@ -549,6 +553,7 @@ impl CudaBackend {
             moe_device_tokens: std::env::var("WEFT_CUDA_MOE_DEVICE_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(32),
             moe_gemm_tokens: std::env::var("WEFT_CUDA_MOE_GEMM_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(16),
             moe_grouped: std::env::var("WEFT_CUDA_MOE_GROUPED").map_or(true, |v| v != "0"),
+            moe_shared_fused: std::env::var("WEFT_CUDA_MOE_SHARED_FUSED").map_or(true, |v| v != "0"),
             // Not on HIP: its stand-in GEMM (kernels/gemm.cu) is slower than the decode kernel.
             // The mock build has the path for tests, off unless they turn it on.
             mla_gemm_min_rows: std::env::var("WEFT_CUDA_MLA_GEMM_MIN_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(if cfg!(feature = "cuda") { 64 } else { 0 }),

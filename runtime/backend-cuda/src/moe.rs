@@ -62,8 +62,8 @@ fn gemm_smem(fp8: bool) -> u32 {
 }
 
 /// How the expert kernels run: one entry per active expert (a single decoding token), a few
-/// entries on CUDA cores, or tensor cores.
-#[derive(Clone, Copy)]
+/// entries on CUDA cores, tensor cores, or the grouped GEMM.
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Path {
     One = 0,
     Few = 1,
@@ -76,6 +76,15 @@ const EXPERT_KERNELS: [[[&str; 3]; 2]; 2] = [
     [["moe_gate_up_bf16_t1", "moe_gate_up_bf16_t8", "moe_gate_up_bf16_mma"], ["moe_gate_up_fp8_t1", "moe_gate_up_fp8_t8", "moe_gate_up_fp8_mma"]],
     [["moe_down_bf16_t1", "moe_down_bf16_t8", "moe_down_bf16_mma"], ["moe_down_fp8_t1", "moe_down_fp8_t8", "moe_down_fp8_mma"]],
 ];
+
+/// The shared experts of a device MoE call: none, their output (computed apart, added by the
+/// combine), or their intermediate chunks to run with the routed experts (each an expert every
+/// token takes with weight 1: one launch pair reads all of them).
+#[derive(Clone, Copy)]
+pub(crate) enum Shared<'a> {
+    Output(Option<&'a CudaSlice<f32>>),
+    Fused(&'a [ExpertWeights<CudaMatrix>]),
+}
 
 /// Device arrays of every expert's weight (and fp8 scale) pointers for one layer.
 pub struct ExpertTables {
@@ -99,6 +108,23 @@ impl ExpertTables {
             l.arg(if down { &self.down_sc } else { &self.gate_up_sc }).arg(scc).arg(br).arg(bc);
         }
     }
+}
+
+/// Whether expert `x` has `first`'s shapes and storage (bf16, or fp8 with the same scale
+/// blocks, gate|up and down alike: one kernel reads both), so one pointer table and one kernel
+/// serve both.
+fn same_kind(x: &ExpertWeights<CudaMatrix>, first: &ExpertWeights<CudaMatrix>) -> bool {
+    let same = |a: &CudaMatrix, b: &CudaMatrix| {
+        a.rows == b.rows
+            && a.cols == b.cols
+            && a.f32_data.is_none()
+            && a.fp8.is_some() == b.fp8.is_some()
+            && match (&a.fp8, &b.fp8) {
+                (Some(p), Some(q)) => p.block_rows == q.block_rows && p.block_cols == q.block_cols && p.block_cols % 16 == 0,
+                _ => true,
+            }
+    };
+    x.inter == first.inter && x.gate_up.fp8.is_some() == x.down.fp8.is_some() && same(&x.gate_up, &first.gate_up) && same(&x.down, &first.down)
 }
 
 fn ptr_of<T>(be: &CudaBackend, s: &CudaSlice<T>) -> u64 {
@@ -138,29 +164,42 @@ impl CudaBackend {
             return false;
         }
         let first = &experts[0];
-        let fp8 = first.gate_up.fp8.is_some();
-        let align = if fp8 { 16 } else { 8 };
-        experts.iter().all(|x| {
-            let same = |a: &CudaMatrix, b: &CudaMatrix| {
-                a.rows == b.rows
-                    && a.cols == b.cols
-                    && a.f32_data.is_none()
-                    && a.fp8.is_some() == fp8
-                    && match (&a.fp8, &b.fp8) {
-                        (Some(p), Some(q)) => p.block_rows == q.block_rows && p.block_cols == q.block_cols && p.block_cols % 16 == 0,
-                        _ => true,
-                    }
-            };
-            x.inter == first.inter && same(&x.gate_up, &first.gate_up) && same(&x.down, &first.down)
-        }) && first.gate_up.rows == 2 * first.inter
-            && first.gate_up.cols % align == 0
-            && first.inter % align == 0
+        let align = if first.gate_up.fp8.is_some() { 16 } else { 8 };
+        experts.iter().all(|x| same_kind(x, first)) && first.gate_up.rows == 2 * first.inter && first.gate_up.cols % align == 0 && first.inter % align == 0
+    }
+
+    /// The expert kernels for `m` tokens routed `k` ways over `e` experts shaped as `first`.
+    fn moe_path(&self, first: &ExpertWeights<CudaMatrix>, m: usize, k: usize, e: usize) -> Path {
+        if m == 1 {
+            Path::One
+        } else if self.moe_gemm_fits(first) && m * k >= self.moe_gemm_tokens * e {
+            Path::Gemm
+        } else if self.moe_mma_fits(first) {
+            Path::Mma
+        } else {
+            Path::Few
+        }
+    }
+
+    /// Whether the shared experts' chunks run with the routed experts on the device for `m`
+    /// tokens (`moe_shared_fused`): the device path takes the batch with the weight-streaming
+    /// kernels (the grouped GEMM leaves them to cuBLAS, which multiplies every token by them
+    /// faster), and each chunk is shaped and stored as the routed experts are.
+    pub(crate) fn moe_fuses_shared(&self, cfg: &RouterConfig, experts: &[ExpertWeights<CudaMatrix>], shared: &[ExpertWeights<CudaMatrix>], m: usize) -> bool {
+        self.moe_shared_fused
+            && !experts.is_empty()
+            && !shared.is_empty()
+            && experts.len() + shared.len() <= MAX_EXPERTS
+            && cfg.top_k + shared.len() <= 64
+            && self.moe_on_device_fits(cfg, experts, m)
+            && self.moe_path(&experts[0], m, cfg.top_k, cfg.n_experts) != Path::Gemm
+            && shared.iter().all(|s| same_kind(s, &experts[0]))
     }
 
     /// The layer's pointer tables, made once and reused while the experts' device pointers are
     /// the same (checked on every call: a reloaded model at reused addresses gets the same
     /// table contents, so a hit is always right).
-    fn expert_tables(&self, experts: &[ExpertWeights<CudaMatrix>]) -> Result<Arc<ExpertTables>> {
+    fn expert_tables(&self, experts: &[&ExpertWeights<CudaMatrix>]) -> Result<Arc<ExpertTables>> {
         let pick = |m: &CudaMatrix| -> (u64, u64) {
             match &m.fp8 {
                 Some(f) => (ptr_of(self, &f.bytes), ptr_of(self, &f.scales)),
@@ -182,7 +221,8 @@ impl CudaBackend {
         if let Some(f) = fp8 {
             ptrs.extend(f.iter().flat_map(|g| [g.0 as u64, g.1 as u64, g.2 as u64]));
         }
-        let key = ptrs[0];
+        // The same layer has a table with its shared chunks and one without.
+        let key = (ptrs[0], ptrs.len());
         let mut cache = self.expert_tables.lock().unwrap();
         if let Some(t) = cache.get(&key).filter(|t| t.ptrs == ptrs).cloned() {
             drop(cache);
@@ -202,8 +242,8 @@ impl CudaBackend {
         Ok(t)
     }
 
-    /// Routing, experts and combine (plus the shared experts' output) on the device;
-    /// `[m, hidden]`. `experts` are the routed experts `first..` (all of them, or an
+    /// Routing, experts and combine (plus the shared experts, apart or with the routed ones) on
+    /// the device; `[m, hidden]`. `experts` are the routed experts `first..` (all of them, or an
     /// expert-parallel rank's range): every token is routed over all experts, only pairs whose
     /// expert is held here are computed and combined.
     #[allow(clippy::too_many_arguments)]
@@ -217,42 +257,56 @@ impl CudaBackend {
         first: usize,
         m: usize,
         hidden: usize,
-        shared: Option<&CudaSlice<f32>>,
+        shared: Shared<'_>,
     ) -> Result<CudaSlice<f32>> {
-        let (e, k) = (cfg.n_experts, cfg.top_k);
+        // Shared chunks run with the routed experts take S slots after each token's k.
+        let (fused, add): (&[ExpertWeights<CudaMatrix>], _) = match shared {
+            Shared::Output(o) => (&[], o),
+            Shared::Fused(w) => (w, None),
+        };
+        let (e, s) = (cfg.n_experts, fused.len());
+        let k = cfg.top_k + s;
         let n = m * k;
-        let maxa = experts.len().min(n);
+        let maxa = (experts.len() + s).min(n);
         let (first32, held32) = (first as u32, experts.len() as u32);
         let inter = experts[0].inter;
-        let tables = self.expert_tables(experts)?;
+        let tables = self.expert_tables(&experts.iter().chain(fused).collect::<Vec<_>>())?;
         let mut ids = self.alloc::<u32>(n)?;
         let mut wts = self.out(n)?;
-        let (e32, k32, ng, tg, norm, sc) = (e as u32, k as u32, cfg.n_group.max(1) as u32, cfg.topk_group as u32, cfg.norm_topk_prob as i32, cfg.routed_scaling_factor);
+        let (e32, k32, s32, ng, tg, norm, sc) = (e as u32, k as u32, s as u32, cfg.n_group.max(1) as u32, cfg.topk_group as u32, cfg.norm_topk_prob as i32, cfg.routed_scaling_factor);
+        let top32 = cfg.top_k as u32;
         // Active experts, offsets, entries, then the GEMM's tile list (moe.cu `plan_experts`).
         let mut plan = self.alloc::<u32>(2 + 2 * maxa + n + 1 + 2 * (n / TILE_ROWS + maxa))?;
         let maxa32 = maxa as u32;
         let counter = self.moe_counter.lock().unwrap();
         let mut l = self.stream.launch_builder(self.func("moe_route_plan"));
-        l.arg(gate_logits).arg(bias).arg(&e32).arg(&k32).arg(&ng).arg(&tg).arg(&norm).arg(&sc).arg(&mut ids).arg(&mut wts).arg(&first32).arg(&held32).arg(&maxa32).arg(&mut plan).arg(&*counter);
+        l.arg(gate_logits)
+            .arg(bias)
+            .arg(&e32)
+            .arg(&top32)
+            .arg(&s32)
+            .arg(&ng)
+            .arg(&tg)
+            .arg(&norm)
+            .arg(&sc)
+            .arg(&mut ids)
+            .arg(&mut wts)
+            .arg(&first32)
+            .arg(&held32)
+            .arg(&maxa32)
+            .arg(&mut plan)
+            .arg(&*counter);
         unsafe { l.launch(LaunchConfig { grid_dim: (m as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }) }.map_err(dev)?;
         drop(counter);
 
         // Kernel shape: one entry per expert (a single decoding token), a few on CUDA cores,
         // or tensor cores (a sub-group per 16 gate|up rows or 32 down rows, 16 tokens a pass).
-        let path = if m == 1 {
-            Path::One
-        } else if self.moe_gemm_fits(&experts[0]) && m * k >= self.moe_gemm_tokens * e {
-            Path::Gemm
-        } else if self.moe_mma_fits(&experts[0]) {
-            Path::Mma
-        } else {
-            Path::Few
-        };
+        let path = self.moe_path(&experts[0], m, cfg.top_k, e);
         let fp8 = tables.fp8.is_some() as usize;
         let (h32, i32_) = (hidden as u32, inter as u32);
         if let Path::Gemm = path {
             let y = self.moe_gemm(&tables, &plan, maxa, n, x, k, hidden, inter)?;
-            return self.moe_combine(&y, &wts, &ids, first, experts.len(), shared, m, k, hidden);
+            return self.moe_combine(&y, &wts, &ids, (e, s, first, experts.len()), add, m, k, hidden);
         }
         let grid = |units: usize, threads: u32| {
             let per_block = (threads / crate::SUBGROUP) as usize;
@@ -272,7 +326,7 @@ impl CudaBackend {
         tables.push(&mut l, true);
         l.arg(&plan).arg(&maxa32).arg(&h).arg(&mut y).arg(&h32).arg(&i32_);
         unsafe { l.launch(down_grid) }.map_err(dev)?;
-        self.moe_combine(&y, &wts, &ids, first, experts.len(), shared, m, k, hidden)
+        self.moe_combine(&y, &wts, &ids, (e, s, first, experts.len()), add, m, k, hidden)
     }
 
     /// The experts as the grouped GEMM over the plan's tiles: gate|up with SiLU into `h`
@@ -317,28 +371,29 @@ impl CudaBackend {
         Ok(y)
     }
 
-    /// `out[t] = Σ_j wts[t, j] · y[t·k + j]` over the token's entries held here, plus the shared
-    /// experts' output.
+    /// `out[t] = Σ_j wts[t, j] · y[t·k + j]` over the token's entries held here (`experts`: the
+    /// routed count, shared chunks run with them, first held, held), plus the shared experts'
+    /// output when they ran apart.
     #[allow(clippy::too_many_arguments)]
     fn moe_combine(
         &self,
         y: &CudaSlice<f32>,
         wts: &CudaSlice<f32>,
         ids: &CudaSlice<u32>,
-        first: usize,
-        held: usize,
+        experts: (usize, usize, usize, usize),
         shared: Option<&CudaSlice<f32>>,
         m: usize,
         k: usize,
         hidden: usize,
     ) -> Result<CudaSlice<f32>> {
-        let (first32, held32, k32, h32) = (first as u32, held as u32, k as u32, hidden as u32);
+        let (e, s, first, held) = experts;
+        let (e32, s32, first32, held32, k32, h32) = (e as u32, s as u32, first as u32, held as u32, k as u32, hidden as u32);
         let mut out = self.out(m * hidden)?;
         // Without a shared output the kernel is told so and reads nothing from `add`.
         let add = shared.unwrap_or(y);
         let has_add = shared.is_some() as i32;
         let mut l = self.stream.launch_builder(self.func("moe_combine"));
-        l.arg(y).arg(wts).arg(ids).arg(&first32).arg(&held32).arg(add).arg(&has_add).arg(&mut out).arg(&k32).arg(&h32);
+        l.arg(y).arg(wts).arg(ids).arg(&e32).arg(&s32).arg(&first32).arg(&held32).arg(add).arg(&has_add).arg(&mut out).arg(&k32).arg(&h32);
         let combine_threads = 128u32;
         let blocks = m * hidden.div_ceil(combine_threads as usize);
         unsafe { l.launch(LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (combine_threads, 1, 1), shared_mem_bytes: 0 }) }.map_err(dev)?;

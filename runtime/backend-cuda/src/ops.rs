@@ -561,6 +561,26 @@ impl Backend for CudaBackend {
         self.moe_held(x, gate_logits, bias, cfg_r, experts, first, shared)
     }
 
+    fn moe_block(
+        &self,
+        x: &CudaSlice<f32>,
+        gate_logits: &CudaSlice<f32>,
+        bias: &CudaSlice<f32>,
+        cfg_r: &RouterConfig,
+        experts: &[ExpertWeights<CudaMatrix>],
+        first: usize,
+        shared: &[ExpertWeights<CudaMatrix>],
+    ) -> Result<CudaSlice<f32>> {
+        weft_backend::check_local_experts(first, experts.len(), cfg_r, bias.len())?;
+        let m = check_rows("moe", gate_logits.len(), cfg_r.n_experts)?;
+        let hidden = check_rows("moe", x.len(), m.max(1))?;
+        if shared.iter().all(|w| w.gate_up.cols == hidden) && self.moe_fuses_shared(cfg_r, experts, shared, m) {
+            return self.moe_on_device(x, gate_logits, bias, cfg_r, experts, first, m, hidden, crate::moe::Shared::Fused(shared));
+        }
+        let sum = self.shared_experts(x, shared)?;
+        self.moe_held(x, gate_logits, bias, cfg_r, experts, first, sum.as_ref())
+    }
+
     fn sampling_front(&self, logits: &mut CudaSlice<f32>, vocab: usize, rows: &[weft_backend::front::FrontRow]) -> Result<Vec<weft_backend::front::FrontOut>> {
         self.front(logits, vocab, rows)
     }
@@ -585,7 +605,7 @@ impl CudaBackend {
         let hidden = check_rows("moe", x.len(), m.max(1))?;
         weft_backend::check_moe_shared(shared.map(|s| s.len()), x.len())?;
         if !experts.is_empty() && self.moe_on_device_fits(cfg_r, experts, m) {
-            return self.moe_on_device(x, gate_logits, bias, cfg_r, experts, first, m, hidden, shared);
+            return self.moe_on_device(x, gate_logits, bias, cfg_r, experts, first, m, hidden, crate::moe::Shared::Output(shared));
         }
         let mut out = self.moe_host_routed(x, gate_logits, bias, cfg_r, experts, first, m, hidden)?;
         if let Some(s) = shared {

@@ -247,6 +247,59 @@ fn mla_prefill_runs_decompressed_and_absorbed() {
     (g.mla_decompress, g.mla_gemm_min_rows) = (true, 0);
 }
 
+/// An MoE block whose shared experts come in chunks as wide as a routed expert
+/// (`Backend::moe_block`): on the device path the chunks run with the routed experts, as
+/// experts every token takes with weight 1 (one entry per expert for a single token, CUDA-core
+/// passes for five), and apart with that off; bf16 and fp8 experts, a whole layer and an
+/// expert-parallel rank; against the CPU's (chunks apart, summed into the combine).
+#[test]
+fn moe_block_runs_shared_chunks_with_the_routed_experts() {
+    use weft_backend::{ExpertWeights, RouterConfig};
+    let (mut g, c) = (mock(), CpuBackend::new());
+    let mut r = Rng(23);
+    let (hidden, inter, e) = (256, 128, 8);
+    let cfg = RouterConfig { n_experts: e, top_k: 3, n_group: 1, topk_group: 1, norm_topk_prob: true, routed_scaling_factor: 2.5 };
+    for fp8 in [false, true] {
+        let mut seed = 100;
+        let mut make = |r: &mut Rng, rows: usize, cols: usize| {
+            seed += 1;
+            if fp8 {
+                weft_backend::dummy::DummySpec::new("w_fp8", vec![(seed, rows)], cols, 0.08, Some((128, 128))).host()
+            } else {
+                bf16_matrix(r, "w", rows, cols)
+            }
+        };
+        let (mut eg, mut ec) = (vec![], vec![]);
+        for _ in 0..e + 2 {
+            let (gu, dn) = (make(&mut r, 2 * inter, hidden), make(&mut r, hidden, inter));
+            eg.push(ExpertWeights { gate_up: g.upload_matrix(&gu).unwrap(), down: g.upload_matrix(&dn).unwrap(), inter });
+            ec.push(ExpertWeights { gate_up: c.upload_matrix(&gu).unwrap(), down: c.upload_matrix(&dn).unwrap(), inter });
+        }
+        // The last two are the shared experts' chunks.
+        let (sg, sc) = (eg.split_off(e), ec.split_off(e));
+        for m in [1usize, 5] {
+            for (first, held) in [(0, e), (2, 4)] {
+                let (x, logits, bias) = (r.vec(m * hidden, 1.0), r.vec(m * e, 3.0), r.vec(e, 0.3));
+                let (xg, lg, bg) = (g.upload(&x).unwrap(), g.upload(&logits).unwrap(), g.upload(&bias).unwrap());
+                let want = c.moe_block(&x, &logits, &bias, &cfg, &ec[first..first + held], first, &sc).unwrap();
+                let mut outs = vec![];
+                for fused in [true, false] {
+                    g.moe_shared_fused = fused;
+                    let got = g.download(&g.moe_block(&xg, &lg, &bg, &cfg, &eg[first..first + held], first, &sg).unwrap()).unwrap();
+                    check(&format!("moe_block fp8={fp8} m={m} experts {first}..{} + 2 shared chunks, fused={fused}", first + held), &got, &want, 1e-4);
+                    outs.push(got);
+                }
+                assert!(outs[0] != outs[1], "fused and apart rounded alike: the fused path was not taken");
+                // One chunk, as a DeepSeek-V3 / Kimi-K2 shared expert.
+                let want = c.moe_block(&x, &logits, &bias, &cfg, &ec[first..first + held], first, &sc[..1]).unwrap();
+                g.moe_shared_fused = true;
+                let got = g.download(&g.moe_block(&xg, &lg, &bg, &cfg, &eg[first..first + held], first, &sg[..1]).unwrap()).unwrap();
+                check(&format!("moe_block fp8={fp8} m={m} experts {first}..{} + 1 shared chunk, fused", first + held), &got, &want, 1e-4);
+            }
+        }
+    }
+}
+
 /// The sampling front end on the device (token edits, temperature, top-K, log-sum-exp): the
 /// same candidates and statistics as the CPU's.
 #[test]

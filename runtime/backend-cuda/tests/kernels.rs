@@ -441,6 +441,51 @@ fn moe_decode_path_matches_cpu() {
     }
 }
 
+/// MoE blocks whose shared experts come in chunks as wide as a routed expert
+/// (`Backend::moe_block`): decode-sized batches run the chunks with the routed experts (one
+/// entry per expert, CUDA-core passes, tensor cores), prefill-sized ones (the grouped GEMM)
+/// apart through cuBLAS; each also with the fusion off; bf16 (two chunks, as Moonlight's) and fp8
+/// at Kimi-K2 widths (one chunk), a whole layer and an expert-parallel rank.
+#[test]
+fn moe_block_shared_chunks_match_cpu() {
+    let Some(mut g) = gpu() else { return };
+    let c = CpuBackend::new();
+    let mut r = Rng(29);
+    let has_mma = g.mma;
+    for fp8 in [false, true] {
+        let (hidden, inter, e, chunks) = if fp8 { (7168, 2048, 16, 1) } else { (1024, 352, 16, 2) };
+        let cfg = RouterConfig { n_experts: e, top_k: 4, n_group: 1, topk_group: 1, norm_topk_prob: true, routed_scaling_factor: 2.5 };
+        let (mut eg, mut ec) = if fp8 {
+            experts_on_both(&g, &c, &mut r, e + chunks, hidden, inter, fp8_matrix)
+        } else {
+            experts_on_both(&g, &c, &mut r, e + chunks, hidden, inter, |r, rows, cols| bf16_matrix(r, rows, cols, 0.05))
+        };
+        let (sg, sc) = (eg.split_off(e), ec.split_off(e));
+        for (mma, m) in [(true, 1usize), (false, 5), (true, 5), (true, 40), (true, 300)] {
+            g.mma = mma && has_mma;
+            // Prefill-sized: the shared chunks through cuBLAS (fp8 via bf16 copies).
+            let tol = if m < 100 {
+                MMA_TOL
+            } else if fp8 {
+                FP8_COPY_TOL
+            } else {
+                GEMM_TOL
+            };
+            for (first, held) in [(0, e), (4, 8)] {
+                let (x, logits, bias) = (r.vec(m * hidden, 1.0), r.vec(m * e, 3.0), r.vec(e, 0.3));
+                let (xg, lg, bg) = (g.upload(&x).unwrap(), g.upload(&logits).unwrap(), g.upload(&bias).unwrap());
+                let want = c.moe_block(&x, &logits, &bias, &cfg, &ec[first..first + held], first, &sc).unwrap();
+                for fused in [true, false] {
+                    g.moe_shared_fused = fused;
+                    let got = g.download(&g.moe_block(&xg, &lg, &bg, &cfg, &eg[first..first + held], first, &sg).unwrap()).unwrap();
+                    check(&format!("moe_block fp8={fp8} m={m} mma={mma} experts {first}..{} + {chunks} shared, fused={fused}", first + held), &got, &want, tol);
+                }
+            }
+        }
+        (g.mma, g.moe_shared_fused) = (has_mma, true);
+    }
+}
+
 /// An expert-parallel rank's MoE (`moe_local`, experts `first..first + held`) against the CPU's,
 /// on the device path (routing over every expert, only the held experts' pairs computed and
 /// combined: m = 1, 5, 24, mma on and off; m = 300 through the grouped GEMM) and host routing

@@ -351,6 +351,39 @@ pub trait Backend: Send + Sync + 'static {
         Err(BackendError::Shape { op: "moe_local", reason: format!("the {} backend holds all {} experts or none", self.name(), cfg.n_experts) })
     }
 
+    /// A model's MoE block: the routed experts `first..` as [`Self::moe_local`], plus the shared
+    /// experts given as weights — their intermediate dimension in `shared.len()` chunks (each a
+    /// gated MLP; their outputs add up to the shared experts'). The default runs the chunks apart
+    /// and hands their sum to the combine; a backend may run them with the routed experts
+    /// instead, as experts every token takes with weight 1.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_block(
+        &self,
+        x: &Self::Buf,
+        gate_logits: &Self::Buf,
+        bias: &Self::Buf,
+        cfg: &RouterConfig,
+        experts: &[ExpertWeights<Self::Matrix>],
+        first: usize,
+        shared: &[ExpertWeights<Self::Matrix>],
+    ) -> Result<Self::Buf> {
+        let sum = self.shared_experts(x, shared)?;
+        self.moe_local(x, gate_logits, bias, cfg, experts, first, sum.as_ref())
+    }
+
+    /// The shared experts' output on `x`: each chunk's gated MLP, summed (`None` without any).
+    fn shared_experts(&self, x: &Self::Buf, shared: &[ExpertWeights<Self::Matrix>]) -> Result<Option<Self::Buf>> {
+        let mut sum: Option<Self::Buf> = None;
+        for w in shared {
+            let y = self.linear(&self.gated_up(x, &w.gate_up, w.inter)?, &w.down)?;
+            match sum.as_mut() {
+                None => sum = Some(y),
+                Some(s) => self.add_inplace(s, &y)?,
+            }
+        }
+        Ok(sum)
+    }
+
     // ---- sampling front end ----
     /// For each row of `logits [rows.len(), vocab]`: applies the row's token edits in place,
     /// then returns its top-`k` candidates after temperature and the full-row log-sum-exp

@@ -148,6 +148,17 @@ impl Checkpoint {
         ))
     }
 
+    /// The fp8 block (rows, columns) tensor `name` is stored in, `None` when it is not fp8 (or
+    /// absent).
+    pub fn fp8_block(&self, name: &str) -> Option<(usize, usize)> {
+        let fp8 = if self.dummy.is_some() { fp8_in_checkpoints(name) } else { self.index.get(name).is_some_and(|e| e.dtype == Dtype::F8_E4M3) };
+        if fp8 {
+            self.fp8_block
+        } else {
+            None
+        }
+    }
+
     pub fn is_dummy(&self) -> bool {
         self.dummy.is_some()
     }

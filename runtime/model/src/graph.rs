@@ -265,8 +265,7 @@ impl<B: Backend> DeepseekV3<B> {
             FeedForward::Dense(w) => mlp(w)?,
             FeedForward::Moe(m) => {
                 let logits = be.linear(x, &m.router)?;
-                let shared = m.shared.as_ref().map(mlp).transpose()?;
-                be.moe_local(x, &logits, &m.bias, &self.router, &m.experts, m.first_expert, shared.as_ref())?
+                be.moe_block(x, &logits, &m.bias, &self.router, &m.experts, m.first_expert, &m.shared)?
             }
         };
         self.reduce(out)

@@ -41,7 +41,9 @@ pub struct MoeWeights<B: Backend> {
     /// Routed experts `first_expert..` (all of them unless expert-parallel).
     pub experts: Vec<ExpertWeights<B::Matrix>>,
     pub first_expert: usize,
-    pub shared: Option<ExpertWeights<B::Matrix>>,
+    /// The shared experts, their intermediate dimension in chunks as wide as a routed expert
+    /// where it cuts evenly (`Backend::moe_block`); empty without shared experts.
+    pub shared: Vec<ExpertWeights<B::Matrix>>,
 }
 
 pub enum FeedForward<B: Backend> {
@@ -124,9 +126,9 @@ impl<'a, B: Backend> Loader<'a, B> {
         Some(self.be.dummy_matrix(&spec)?.map_err(LoadError::Backend))
     }
 
-    /// Rows `r` of the `[rows, cols]` weight `name` (all of it on an unsharded model).
+    /// Rows `r` of the `[rows, cols]` weight `name`.
     fn mat_rows(&self, name: &str, rows: usize, cols: usize, r: Range<usize>) -> Result<B::Matrix> {
-        if self.shard.size == 1 {
+        if r == (0..rows) {
             return self.mat(name, rows, cols);
         }
         if let Some(m) = self.device_dummy_window(name, &[(name, rows)], cols, Some(r.clone()), None) {
@@ -135,9 +137,9 @@ impl<'a, B: Backend> Loader<'a, B> {
         Ok(self.be.upload_matrix(&shard::rows(&self.ck.matrix(name, rows, cols)?, r)?)?)
     }
 
-    /// Columns `c` of the `[rows, cols]` weight `name` (all of it on an unsharded model).
+    /// Columns `c` of the `[rows, cols]` weight `name`.
     fn mat_cols(&self, name: &str, rows: usize, cols: usize, c: Range<usize>) -> Result<B::Matrix> {
-        if self.shard.size == 1 {
+        if c == (0..cols) {
             return self.mat(name, rows, cols);
         }
         if let Some(m) = self.device_dummy_window(name, &[(name, rows)], cols, None, Some(c.clone())) {
@@ -161,10 +163,16 @@ impl<'a, B: Backend> Loader<'a, B> {
     /// [`Self::gate_up`], the whole intermediate dimension unless `split` (an expert-parallel
     /// rank holds its routed experts whole).
     fn gate_up_split(&self, prefix: &str, inter: usize, split: bool) -> Result<ExpertWeights<B::Matrix>> {
+        self.gate_up_window(prefix, inter, if split { self.shard.range(inter) } else { 0..inter })
+    }
+
+    /// Intermediates `r` of the `inter`-wide gated MLP `prefix`: those rows of gate and up
+    /// (stacked), those columns of down.
+    fn gate_up_window(&self, prefix: &str, inter: usize, r: Range<usize>) -> Result<ExpertWeights<B::Matrix>> {
         let h = self.cfg.hidden_size;
         let (gn, un) = (format!("{prefix}.gate_proj.weight"), format!("{prefix}.up_proj.weight"));
         let name = format!("{prefix}.gate_up");
-        let r = if split { self.shard.range(inter) } else { 0..inter };
+        let split = r != (0..inter);
         let dummy = self.device_dummy_window(&name, &[(&gn, inter), (&un, inter)], h, split.then(|| r.clone()), None);
         let gate_up = match dummy {
             Some(m) => m?,
@@ -177,8 +185,24 @@ impl<'a, B: Backend> Loader<'a, B> {
             }
         };
         let down_name = format!("{prefix}.down_proj.weight");
-        let down = if split { self.mat_cols(&down_name, h, inter, r.clone())? } else { self.mat(&down_name, h, inter)? };
+        let down = self.mat_cols(&down_name, h, inter, r.clone())?;
         Ok(ExpertWeights { gate_up, down, inter: r.len() })
+    }
+
+    /// The shared experts (`inter` wide in all; this rank's slice on a sharded model) in chunks
+    /// of `chunk` intermediates — a routed expert's width, so a backend may run them with the
+    /// routed experts — or whole where the slice does not cut evenly or a chunk's rows would
+    /// leave the checkpoint's fp8 block grid.
+    fn shared_chunks(&self, prefix: &str, inter: usize, chunk: usize) -> Result<Vec<ExpertWeights<B::Matrix>>> {
+        let r = if self.shard.size > 1 { self.shard.range(inter) } else { 0..inter };
+        let n = if chunk > 0 && r.len() % chunk == 0 { r.len() / chunk } else { 1 };
+        // fp8 cuts on the block grid only: gate/up rows, down columns.
+        let names = [format!("{prefix}.gate_proj.weight"), format!("{prefix}.down_proj.weight")];
+        let on_grid = |v: usize| names.iter().filter_map(|n| self.ck.fp8_block(n)).all(|(br, bc)| v % br == 0 && v % bc == 0);
+        if n == 1 || !on_grid(chunk) || !on_grid(r.start) {
+            return Ok(vec![self.gate_up_window(prefix, inter, r)?]);
+        }
+        (0..n).map(|i| self.gate_up_window(prefix, inter, r.start + i * chunk..r.start + (i + 1) * chunk)).collect()
     }
 
     fn layer(&self, i: usize) -> Result<LayerWeights<B>> {
@@ -228,7 +252,12 @@ impl<'a, B: Backend> Loader<'a, B> {
             let ep = self.shard.expert_parallel;
             let held = if ep { self.shard.range(e) } else { 0..e };
             let experts = held.clone().map(|x| self.gate_up_split(&format!("{p}.mlp.experts.{x}"), c.moe_intermediate_size, !ep && self.shard.size > 1)).collect::<Result<Vec<_>>>()?;
-            let shared = if c.n_shared_experts > 0 { Some(self.gate_up(&format!("{p}.mlp.shared_experts"), c.moe_intermediate_size * c.n_shared_experts)?) } else { None };
+            let shared = if c.n_shared_experts > 0 {
+                let chunk = experts.first().map_or(0, |x| x.inter);
+                self.shared_chunks(&format!("{p}.mlp.shared_experts"), c.moe_intermediate_size * c.n_shared_experts, chunk)?
+            } else {
+                vec![]
+            };
             let (router, bias) = (self.mat(&format!("{p}.mlp.gate.weight"), e, h)?, self.vec(&format!("{p}.mlp.gate.e_score_correction_bias"), e)?);
             FeedForward::Moe(MoeWeights { router, bias, experts, first_expert: held.start, shared })
         } else {

@@ -69,3 +69,47 @@ fn fp8_config_gives_fp8_projections() {
     assert!(out.logprobs.iter().flatten().all(|lp| lp.1.is_finite()));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Shared experts twice a routed expert's width load as two chunks of a routed expert's width
+/// (`MoeWeights::shared`, for backends that run them with the routed experts): chunk c holds
+/// rows c·w.. of gate and up and columns c·w.. of down, exactly; in bf16 and in fp8 when the
+/// chunks cut on the block grid, whole when they would not.
+#[test]
+fn shared_experts_load_in_routed_expert_chunks() {
+    use weft_model::checkpoint::Checkpoint;
+    use weft_model::weights::FeedForward;
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(demo.join("config.json")).unwrap()).unwrap();
+    let (h, w) = (cfg["hidden_size"].as_u64().unwrap() as usize, cfg["moe_intermediate_size"].as_u64().unwrap() as usize);
+    cfg["n_shared_experts"] = 2.into();
+    for (block, chunks) in [(None, 2), (Some(32usize), 2), (Some(256), 1)] {
+        let dir = std::env::temp_dir().join(format!("weft-dummy-shared-{}-{block:?}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut c = cfg.clone();
+        if let Some(b) = block {
+            c["quantization_config"] = serde_json::json!({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [b, b]});
+        }
+        std::fs::write(dir.join("config.json"), c.to_string()).unwrap();
+        let lm = LoadedModel::open_dummy(&dir, CpuBackend::new(), &demo).unwrap();
+        let ck = Checkpoint::dummy(0x5eed, block.map(|b| (b, b)));
+        let mut seen = 0;
+        for (i, layer) in lm.model.weights.layers.iter().enumerate() {
+            let FeedForward::Moe(m) = &layer.ffn else { continue };
+            seen += 1;
+            assert_eq!(m.shared.len(), chunks, "layer {i}, fp8 block {block:?}");
+            let p = format!("model.layers.{i}.mlp.shared_experts");
+            let full = |n: &str, rows: usize, cols: usize| ck.matrix(&format!("{p}.{n}.weight"), rows, cols).unwrap().to_f32().unwrap();
+            let (gate, up, down) = (full("gate_proj", 2 * w, h), full("up_proj", 2 * w, h), full("down_proj", h, 2 * w));
+            let cw = 2 * w / chunks;
+            for (k, x) in m.shared.iter().enumerate() {
+                assert_eq!(x.inter, cw);
+                let rows = |v: &[f32]| v[k * cw * h..(k + 1) * cw * h].to_vec();
+                assert_eq!(x.gate_up.data, [rows(&gate), rows(&up)].concat(), "layer {i} chunk {k}: gate|up");
+                let cols: Vec<f32> = down.chunks(2 * w).flat_map(|r| r[k * cw..(k + 1) * cw].iter().copied()).collect();
+                assert_eq!(x.down.data, cols, "layer {i} chunk {k}: down");
+            }
+        }
+        assert!(seen > 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
