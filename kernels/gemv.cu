@@ -105,15 +105,17 @@ __device__ __forceinline__ void prefetch_rows(WeightRef W, u32 r0, u32 n, u32 ro
 
 // out[i, r] = W[r, :] · x[i, g(r)] for i < m; rows are grouped `group_rows` per group (heads of
 // a per-head linear), group g reads columns g*cols.. of x rows `xstride` wide. Each sub-group
-// takes R consecutive rows of one group (the host picks R dividing group_rows).
+// takes R consecutive rows of one group (the host picks R dividing group_rows). Blocks from b0
+// on take this weight (0 unless a launch serves two: gemv2_*).
 template <int KIND, int R, int T>
-__device__ void gemv_body(WeightRef W, const float* x, float* out, u32 m, u32 rows, u32 cols, u32 group_rows, u32 xstride) {
+__device__ void gemv_body(WeightRef W, const float* x, float* out, u32 m, u32 rows, u32 cols, u32 group_rows, u32 xstride, u32 b0 = 0) {
     u32 warps = blockDim.x / WEFT_WARP;
+    u32 b = blockIdx.x - b0;
     // This block's rows are one contiguous range of the (static) weights: on their way to L2
     // while the previous kernel finishes.
-    if (threadIdx.x == 0) prefetch_rows<KIND>(W, blockIdx.x * warps * R, warps * R, rows, cols);
+    if (threadIdx.x == 0) prefetch_rows<KIND>(W, b * warps * R, warps * R, rows, cols);
     WEFT_PDL_ENTRY();
-    u32 r0 = (blockIdx.x * warps + threadIdx.x / WEFT_WARP) * R;
+    u32 r0 = (b * warps + threadIdx.x / WEFT_WARP) * R;
     if (r0 >= rows) return;
     u32 nr = min((u32)R, rows - r0);
     u32 rix[R];
@@ -150,6 +152,29 @@ GEMV_ENTRY(4, 1)
 GEMV_ENTRY(1, 8)
 GEMV_ENTRY(2, 8)
 GEMV_ENTRY(4, 8)
+
+// Two weights of the same kind and width on the same activation rows in one launch (an
+// attention block's query and latent projections of the normed hidden state): blocks below b1
+// = ceil(rows1 / (sub-groups · R)) take the first weight into out1, the rest the second.
+#define GEMV2_ENTRY(R, T)                                                                                               \
+    extern "C" __global__ void gemv2_bf16_r##R##_t##T(const u16* w1, float* out1, u32 rows1, const u16* w2, float* out2, u32 rows2, const float* x, u32 m, u32 cols) { \
+        const u32 per = blockDim.x / WEFT_WARP * R, b1 = (rows1 + per - 1) / per;                                       \
+        WeightRef W1 = {w1, 0, 0, 1, 1}, W2 = {w2, 0, 0, 1, 1};                                                         \
+        if (blockIdx.x < b1) gemv_body<WK_BF16, R, T>(W1, x, out1, m, rows1, cols, rows1, cols, 0);                      \
+        else gemv_body<WK_BF16, R, T>(W2, x, out2, m, rows2, cols, rows2, cols, b1);                                    \
+    }                                                                                                                   \
+    extern "C" __global__ void gemv2_fp8_r##R##_t##T(const unsigned char* w1, const float* sc1, u32 scc1, u32 br1, u32 bc1, float* out1, u32 rows1, const unsigned char* w2, const float* sc2, u32 scc2, u32 br2, u32 bc2, float* out2, u32 rows2, const float* x, u32 m, u32 cols) { \
+        const u32 per = blockDim.x / WEFT_WARP * R, b1 = (rows1 + per - 1) / per;                                       \
+        WeightRef W1 = {w1, sc1, scc1, br1, bc1}, W2 = {w2, sc2, scc2, br2, bc2};                                       \
+        if (blockIdx.x < b1) gemv_body<WK_FP8, R, T>(W1, x, out1, m, rows1, cols, rows1, cols, 0);                       \
+        else gemv_body<WK_FP8, R, T>(W2, x, out2, m, rows2, cols, rows2, cols, b1);                                     \
+    }
+GEMV2_ENTRY(1, 1)
+GEMV2_ENTRY(2, 1)
+GEMV2_ENTRY(4, 1)
+GEMV2_ENTRY(1, 8)
+GEMV2_ENTRY(2, 8)
+GEMV2_ENTRY(4, 8)
 
 // out[i, r] = silu(gate_r · x[i]) * (up_r · x[i]) for a stacked [2*inter, cols] gate|up weight:
 // the gate row and the up row in one sub-group, sharing each activation read, and the

@@ -79,6 +79,11 @@ fn mma_variant(m: usize) -> usize {
 /// Kernels by [rows per sub-group 1/2/4][activation rows per pass 1 / GEMV_TB].
 const GEMV_BF16: [[&str; 2]; 3] = [["gemv_bf16_r1_t1", "gemv_bf16_r1_t8"], ["gemv_bf16_r2_t1", "gemv_bf16_r2_t8"], ["gemv_bf16_r4_t1", "gemv_bf16_r4_t8"]];
 const GEMV_FP8: [[&str; 2]; 3] = [["gemv_fp8_r1_t1", "gemv_fp8_r1_t8"], ["gemv_fp8_r2_t1", "gemv_fp8_r2_t8"], ["gemv_fp8_r4_t1", "gemv_fp8_r4_t8"]];
+/// Two weights in one launch (`gemv_pair`), by [bf16, fp8][rows per sub-group][rows per pass].
+const GEMV2: [[[&str; 2]; 3]; 2] = [
+    [["gemv2_bf16_r1_t1", "gemv2_bf16_r1_t8"], ["gemv2_bf16_r2_t1", "gemv2_bf16_r2_t8"], ["gemv2_bf16_r4_t1", "gemv2_bf16_r4_t8"]],
+    [["gemv2_fp8_r1_t1", "gemv2_fp8_r1_t8"], ["gemv2_fp8_r2_t1", "gemv2_fp8_r2_t8"], ["gemv2_fp8_r4_t1", "gemv2_fp8_r4_t8"]],
+];
 
 /// Weight rows per sub-group: more rows share each activation read (what limits batches of
 /// several rows), fewer rows spread a small matrix over more sub-groups (what a single row
@@ -138,6 +143,38 @@ impl CudaBackend {
             }
         }
         Ok(out)
+    }
+
+    /// Whether `a` and `b` on the same `m` rows go through one weight-streaming launch
+    /// (`gemv_pair`): both on the CUDA-core path (not the tensor cores'), both bf16 or both fp8,
+    /// the same width.
+    pub fn gemv_pair_fits(&self, a: &CudaMatrix, b: &CudaMatrix, m: usize) -> bool {
+        let cuda_cores = |w: &CudaMatrix| w.f32_data.is_none() && self.gemv_fits(w, m) && !self.gemv_mma_fits(w, m, w.rows);
+        self.gemv_pair && a.cols == b.cols && a.fp8.is_some() == b.fp8.is_some() && cuda_cores(a) && cuda_cores(b)
+    }
+
+    /// `(x · aᵀ, x · bᵀ)` in one launch (`gemv_pair_fits`): a decoding step's query and latent
+    /// projections of the same normed hidden state, one kernel's ramp and tail instead of two.
+    pub(crate) fn gemv_pair(&self, a: &CudaMatrix, b: &CudaMatrix, x: &CudaSlice<f32>, m: usize) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
+        let (mut oa, mut ob) = (self.out(m * a.rows)?, self.out(m * b.rows)?);
+        let warps = (THREADS / crate::SUBGROUP) as usize;
+        // Rows per sub-group for the two as one matrix, dividing both.
+        let (mut g, mut h) = (a.rows, b.rows);
+        while h != 0 {
+            (g, h) = (h, g % h);
+        }
+        let r = rows_per_subgroup(a.rows + b.rows, g, m, self.num_sms);
+        let blocks = a.rows.div_ceil(warps * r) + b.rows.div_ceil(warps * r);
+        let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        let (wa, wb) = (WeightArgs::new(a), WeightArgs::new(b));
+        let (ra, rb, m32, cols) = (a.rows as u32, b.rows as u32, m as u32, a.cols as u32);
+        let mut l = self.stream.launch_builder(self.func(GEMV2[a.fp8.is_some() as usize][r.trailing_zeros() as usize][(m > 1) as usize]));
+        wa.push(&mut l);
+        l.arg(&mut oa).arg(&ra);
+        wb.push(&mut l);
+        l.arg(&mut ob).arg(&rb).arg(x).arg(&m32).arg(&cols);
+        unsafe { l.launch(cfg) }.map_err(dev)?;
+        Ok((oa, ob))
     }
 
     /// `silu(gate · x) * (up · x)` for a stacked `[2*inter, cols]` gate|up weight, on the

@@ -135,6 +135,18 @@ pub const KERNELS: &[&str] = &[
     "gemv_fp8_r1_t8",
     "gemv_fp8_r2_t8",
     "gemv_fp8_r4_t8",
+    "gemv2_bf16_r1_t1",
+    "gemv2_bf16_r2_t1",
+    "gemv2_bf16_r4_t1",
+    "gemv2_fp8_r1_t1",
+    "gemv2_fp8_r2_t1",
+    "gemv2_fp8_r4_t1",
+    "gemv2_bf16_r1_t8",
+    "gemv2_bf16_r2_t8",
+    "gemv2_bf16_r4_t8",
+    "gemv2_fp8_r1_t8",
+    "gemv2_fp8_r2_t8",
+    "gemv2_fp8_r4_t8",
     "gemv_gated_bf16_t1",
     "gemv_gated_fp8_t1",
     "gemv_gated_bf16_t8",
@@ -343,6 +355,9 @@ pub struct CudaBackend {
     /// every token takes with weight 1 — one launch pair over all of them instead of a gated
     /// linear and a linear apart (`WEFT_CUDA_MOE_SHARED_FUSED=0`: apart, for comparisons).
     pub moe_shared_fused: bool,
+    /// Two weights on the same rows (`linear_pair`) share one weight-streaming launch where both
+    /// take the CUDA-core path (`WEFT_CUDA_GEMV_PAIR=0`: two launches, for comparisons).
+    pub gemv_pair: bool,
     /// Fewest consecutive query rows of one sequence (a prefill chunk) that attend through
     /// cuBLAS (`mla_prefill.rs`) rather than the decode kernel (64; `WEFT_CUDA_MLA_GEMM_MIN_ROWS`,
     /// 0 = never).
@@ -554,6 +569,7 @@ impl CudaBackend {
             moe_gemm_tokens: std::env::var("WEFT_CUDA_MOE_GEMM_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(16),
             moe_grouped: std::env::var("WEFT_CUDA_MOE_GROUPED").map_or(true, |v| v != "0"),
             moe_shared_fused: std::env::var("WEFT_CUDA_MOE_SHARED_FUSED").map_or(true, |v| v != "0"),
+            gemv_pair: std::env::var("WEFT_CUDA_GEMV_PAIR").map_or(true, |v| v != "0"),
             // Not on HIP: its stand-in GEMM (kernels/gemm.cu) is slower than the decode kernel.
             // The mock build has the path for tests, off unless they turn it on.
             mla_gemm_min_rows: std::env::var("WEFT_CUDA_MLA_GEMM_MIN_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(if cfg!(feature = "cuda") { 64 } else { 0 }),

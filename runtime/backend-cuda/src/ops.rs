@@ -374,6 +374,14 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
+    fn linear_pair(&self, x: &CudaSlice<f32>, a: &CudaMatrix, b: &CudaMatrix) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
+        let m = check_rows("linear", self.len(x), a.cols)?;
+        if self.gemv_pair_fits(a, b, m) {
+            return self.gemv_pair(a, b, x, m);
+        }
+        Ok((self.linear(x, a)?, self.linear(x, b)?))
+    }
+
     fn head_linear(&self, x: &CudaSlice<f32>, heads: usize, w: &CudaMatrix) -> Result<CudaSlice<f32>> {
         if heads == 0 || w.rows % heads != 0 {
             return Err(shape("head_linear", format!("{} rows do not split into {heads} heads", w.rows)));

@@ -441,6 +441,28 @@ fn moe_decode_path_matches_cpu() {
     }
 }
 
+/// Query and latent projections through `linear_pair` at Moonlight's (bf16) and Kimi-K2's (fp8)
+/// widths: one launch for a single decoding row, the usual paths for four rows; each output as
+/// the CPU's linear.
+#[test]
+fn linear_pair_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = CpuBackend::new();
+    let mut r = Rng(37);
+    for (fp8, (ra, rb, k)) in [(false, (3072, 576, 2048)), (true, (1536, 576, 7168))] {
+        let make = |r: &mut Rng, rows: usize| if fp8 { fp8_matrix(r, rows, k) } else { bf16_matrix(r, rows, k, 0.05) };
+        let (a, b) = (make(&mut r, ra), make(&mut r, rb));
+        let (ag, bg, ac, bc) = (g.upload_matrix(&a).unwrap(), g.upload_matrix(&b).unwrap(), c.upload_matrix(&a).unwrap(), c.upload_matrix(&b).unwrap());
+        for m in [1usize, 4] {
+            assert_eq!(g.gemv_pair_fits(&ag, &bg, m), m == 1 || !g.mma);
+            let x = r.vec(m * k, 1.0);
+            let (ya, yb) = g.linear_pair(&g.upload(&x).unwrap(), &ag, &bg).unwrap();
+            check(&format!("linear_pair fp8={fp8} m={m} first"), &g.download(&ya).unwrap(), &c.linear(&x, &ac).unwrap(), MMA_TOL);
+            check(&format!("linear_pair fp8={fp8} m={m} second"), &g.download(&yb).unwrap(), &c.linear(&x, &bc).unwrap(), MMA_TOL);
+        }
+    }
+}
+
 /// MoE blocks whose shared experts come in chunks as wide as a routed expert
 /// (`Backend::moe_block`): decode-sized batches run the chunks with the routed experts (one
 /// entry per expert, CUDA-core passes, tensor cores), prefill-sized ones (the grouped GEMM)

@@ -259,6 +259,11 @@ pub trait Backend: Send + Sync + 'static {
     fn add_rms_norm(&self, residual: &mut Self::Buf, delta: &Self::Buf, dim: usize, weight: &Self::Buf, eps: f32) -> Result<Self::Buf>;
     /// `out[m, n] = Σ_k x[m, k] · w[n, k]`.
     fn linear(&self, x: &Self::Buf, w: &Self::Matrix) -> Result<Self::Buf>;
+    /// `(linear(x, a), linear(x, b))`: two weights on the same activations (an attention block's
+    /// query and latent projections), in one pass where a backend can.
+    fn linear_pair(&self, x: &Self::Buf, a: &Self::Matrix, b: &Self::Matrix) -> Result<(Self::Buf, Self::Buf)> {
+        Ok((self.linear(x, a)?, self.linear(x, b)?))
+    }
     /// Per-head linear: `w` stacks `heads` matrices `[n, k]`; `out[m, h, :] = w_h · x[m, h, :]`.
     fn head_linear(&self, x: &Self::Buf, heads: usize, w: &Self::Matrix) -> Result<Self::Buf>;
     /// `x += y`.

@@ -240,16 +240,16 @@ impl<B: Backend> DeepseekV3<B> {
         let a = &lw.attn;
         let eps = c.rms_norm_eps as f32;
         let heads = self.local_heads();
-        let q = match &a.q {
-            QueryProj::Direct { q_proj } => be.linear(x, q_proj)?,
+        // The query's first projection and the latent one read the same x: one pass.
+        let (q, kv_a) = match &a.q {
+            QueryProj::Direct { q_proj } => be.linear_pair(x, q_proj, &a.kv_a_proj)?,
             QueryProj::LoRA { q_a_proj, q_a_layernorm, q_b_proj } => {
-                let qa = be.linear(x, q_a_proj)?;
+                let (qa, kv_a) = be.linear_pair(x, q_a_proj, &a.kv_a_proj)?;
                 let qa = be.rms_norm(&qa, c.q_lora_rank.unwrap_or(0), q_a_layernorm, eps)?;
-                be.linear(&qa, q_b_proj)?
+                (be.linear(&qa, q_b_proj)?, kv_a)
             }
         };
         let (q_nope, q_pe) = be.mla_split_rope_q(&q, heads, c.qk_nope_head_dim, c.qk_rope_head_dim, batch.positions, &self.rope)?;
-        let kv_a = be.linear(x, &a.kv_a_proj)?;
         be.mla_store_kv(pool, layer, &kv_a, &a.kv_a_layernorm, eps, batch.positions, batch.slots, &self.rope)?;
         let o = be.mla_attention_heads(pool, layer, &q_nope, &q_pe, &a.w_uk_t, &a.w_uv, heads, batch.attn, self.scale)?;
         self.reduce(be.linear(&o, &a.o_proj)?)
