@@ -18,6 +18,13 @@ enum Weight<'a> {
     F32(&'a CudaSlice<f32>),
 }
 
+/// A GEMM's activations: f32, or already split into bf16 parts (`to_bf16_parts`).
+#[derive(Clone, Copy)]
+pub(crate) enum Act<'a> {
+    F32(&'a CudaSlice<f32>),
+    Parts(&'a CudaSlice<u16>),
+}
+
 fn shape(op: &'static str, reason: String) -> BackendError {
     BackendError::Shape { op, reason }
 }
@@ -136,6 +143,14 @@ impl CudaBackend {
     /// accumulation and output either way.
     #[allow(clippy::too_many_arguments)]
     fn gemm(&self, wm: &CudaMatrix, x: &CudaSlice<f32>, out: &mut CudaSlice<f32>, n: usize, m: usize, k: usize, batch: usize, ldb: usize, ldc: usize) -> Result<()> {
+        self.gemm_from(wm, Act::F32(x), out, [n, m, k, batch, ldb, ldc], false)
+    }
+
+    /// [`Self::gemm`] of activations given as f32 or already as their bf16 parts
+    /// (`to_bf16_parts`; bf16 weights only), `[n, m, k, batch, ldb, ldc]`; `accumulate` adds
+    /// the product to `out` instead of overwriting it.
+    pub(crate) fn gemm_from(&self, wm: &CudaMatrix, x: Act<'_>, out: &mut CudaSlice<f32>, dims: [usize; 6], accumulate: bool) -> Result<()> {
+        let [n, m, k, batch, ldb, ldc] = dims;
         let scratch = if wm.f32_data.is_none() { self.dequant(wm)? } else { None };
         let w = match (&wm.f32_data, &scratch) {
             (Some(f), _) => Weight::F32(f),
@@ -146,27 +161,35 @@ impl CudaBackend {
         let (pa, _ga, pb, _gb, ty);
         // Activation parts: (device pointer offset in elements) per pass.
         let mut passes = vec![0usize];
-        match w {
-            Weight::Bf16(wb) => {
+        match (w, x) {
+            (Weight::Bf16(wb), x) => {
                 let nx = m * batch * k;
-                xb = self.to_bf16_parts(x, nx)?;
+                xb = match x {
+                    Act::F32(x) => Some(self.to_bf16_parts(x, nx)?),
+                    Act::Parts(_) => None,
+                };
                 if self.gemm_split {
                     passes.push(nx.max(1));
                 }
                 (pa, _ga) = wb.device_ptr(&self.stream);
-                (pb, _gb) = xb.device_ptr(&self.stream);
+                (pb, _gb) = match (&xb, x) {
+                    (Some(b), _) => b.device_ptr(&self.stream),
+                    (None, Act::Parts(p)) => p.device_ptr(&self.stream),
+                    (None, Act::F32(_)) => unreachable!("f32 activations were split above"),
+                };
                 ty = cudaDataType::CUDA_R_16BF;
             }
-            Weight::F32(wf) => {
+            (Weight::F32(wf), Act::F32(x)) => {
                 (pa, _ga) = wf.device_ptr(&self.stream);
                 (pb, _gb) = x.device_ptr(&self.stream);
                 ty = cudaDataType::CUDA_R_32F;
             }
+            (Weight::F32(_), Act::Parts(_)) => return Err(shape("gemm", "bf16 activation parts with f32 weights".into())),
         }
         let elem = if ty == cudaDataType::CUDA_R_16BF { 2 } else { 4 };
         // Two parts of a few rows (a plain linear): one GEMM over the parts stacked as 2m rows
         // (they lie one after the other, `m * ldb` elements apart), then add the halves.
-        let stack = passes.len() == 2 && batch == 1 && ldb == k && ldc == n && m > 0 && m <= self.gemm_stack_max_m;
+        let stack = !accumulate && passes.len() == 2 && batch == 1 && ldb == k && ldc == n && m > 0 && m <= self.gemm_stack_max_m;
         let mut stacked = if stack { Some(self.alloc::<f32>(2 * m * n)?) } else { None };
         {
             let blas = self.blas.lock().unwrap();
@@ -176,7 +199,7 @@ impl CudaBackend {
             };
             let runs: Vec<(usize, usize)> = if stack { vec![(2 * m, 0)] } else { passes.iter().map(|&off| (m, off)).collect() };
             for (i, &(rows, off)) in runs.iter().enumerate() {
-                let (alpha, beta) = (1.0f32, if i == 0 { 0.0f32 } else { 1.0 });
+                let (alpha, beta) = (1.0f32, if i == 0 && !accumulate { 0.0f32 } else { 1.0 });
                 unsafe {
                     cudarc::cublas::result::gemm_strided_batched_ex(
                         *blas.handle(),
@@ -585,8 +608,28 @@ impl Backend for CudaBackend {
         if shared.iter().all(|w| w.gate_up.cols == hidden) && self.moe_fuses_shared(cfg_r, experts, shared, m) {
             return self.moe_on_device(x, gate_logits, bias, cfg_r, experts, first, m, hidden, crate::moe::Shared::Fused(shared));
         }
-        let sum = self.shared_experts(x, shared)?;
+        let sum = Backend::shared_experts(self, x, shared)?;
         self.moe_held(x, gate_logits, bias, cfg_r, experts, first, sum.as_ref())
+    }
+
+    fn shared_experts(&self, x: &CudaSlice<f32>, shared: &[ExpertWeights<CudaMatrix>]) -> Result<Option<CudaSlice<f32>>> {
+        // Chunks on the cuBLAS path (prefill): x split into its parts once for all of them, the
+        // down products accumulated into one output; else each chunk's MLP, summed.
+        let m = if shared.is_empty() { 0 } else { check_rows("moe_block", self.len(x), shared[0].gate_up.cols)? };
+        let cublas = |w: &CudaMatrix| w.f32_data.is_none() && !self.gemv_mma_fits(w, m, w.rows) && !self.gemv_fits(w, m);
+        if shared.len() < 2 || !self.gemm_split || !shared.iter().all(|w| w.gate_up.rows == 2 * w.inter && cublas(&w.gate_up) && cublas(&w.down)) {
+            return weft_backend::shared_experts_apart(self, x, shared);
+        }
+        let hidden = shared[0].gate_up.cols;
+        let parts = self.to_bf16_parts(x, m * hidden)?;
+        let mut out = self.out(m * hidden)?;
+        for (i, w) in shared.iter().enumerate() {
+            let mut gu = self.out(m * 2 * w.inter)?;
+            self.gemm_from(&w.gate_up, Act::Parts(&parts), &mut gu, [2 * w.inter, m, hidden, 1, hidden, 2 * w.inter], false)?;
+            let h = self.silu_mul(&gu, w.inter)?;
+            self.gemm_from(&w.down, Act::F32(&h), &mut out, [hidden, m, w.inter, 1, w.inter, hidden], i > 0)?;
+        }
+        Ok(Some(out))
     }
 
     fn sampling_front(&self, logits: &mut CudaSlice<f32>, vocab: usize, rows: &[weft_backend::front::FrontRow]) -> Result<Vec<weft_backend::front::FrontOut>> {

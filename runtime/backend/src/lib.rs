@@ -38,6 +38,20 @@ pub fn check_local_experts(first: usize, held: usize, cfg: &RouterConfig, bias_l
     Ok(())
 }
 
+/// The shared experts' chunks on `x` one after another, each a gated MLP, their outputs summed
+/// (`None` without any).
+pub fn shared_experts_apart<B: Backend + ?Sized>(be: &B, x: &B::Buf, shared: &[ExpertWeights<B::Matrix>]) -> Result<Option<B::Buf>> {
+    let mut sum: Option<B::Buf> = None;
+    for w in shared {
+        let y = be.linear(&be.gated_up(x, &w.gate_up, w.inter)?, &w.down)?;
+        match sum.as_mut() {
+            None => sum = Some(y),
+            Some(s) => be.add_inplace(s, &y)?,
+        }
+    }
+    Ok(sum)
+}
+
 pub fn check_moe_shared(shared_len: Option<usize>, x_len: usize) -> Result<()> {
     match shared_len {
         Some(n) if n != x_len => Err(BackendError::Shape { op: "moe", reason: format!("shared output of {n} values for {x_len} inputs") }),
@@ -376,17 +390,10 @@ pub trait Backend: Send + Sync + 'static {
         self.moe_local(x, gate_logits, bias, cfg, experts, first, sum.as_ref())
     }
 
-    /// The shared experts' output on `x`: each chunk's gated MLP, summed (`None` without any).
+    /// The shared experts' output on `x`: each chunk's gated MLP, summed (`None` without any;
+    /// [`shared_experts_apart`] unless a backend shares work between the chunks).
     fn shared_experts(&self, x: &Self::Buf, shared: &[ExpertWeights<Self::Matrix>]) -> Result<Option<Self::Buf>> {
-        let mut sum: Option<Self::Buf> = None;
-        for w in shared {
-            let y = self.linear(&self.gated_up(x, &w.gate_up, w.inter)?, &w.down)?;
-            match sum.as_mut() {
-                None => sum = Some(y),
-                Some(s) => self.add_inplace(s, &y)?,
-            }
-        }
-        Ok(sum)
+        shared_experts_apart(self, x, shared)
     }
 
     // ---- sampling front end ----
