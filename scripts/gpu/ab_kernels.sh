@@ -7,6 +7,7 @@ set -uo pipefail
 export WEFT_DEMO_MODEL=$PWD/models/demo
 M=models/dummy/moonlight-16b-a3b; K=models/dummy/kimi-k2-slice
 timeout 150 .device/cuda-kernels-test --test-threads 1 --nocapture > $OUT/kernels.txt 2>&1
+timeout 150 .device/cuda-kernels_moe-test --test-threads 1 --nocapture >> $OUT/kernels.txt 2>&1
 timeout 60 .device/cuda-step_graphs-test --nocapture >> $OUT/kernels.txt 2>&1
 grep -E "mma=true|test result|panicked|FAILED|median" $OUT/kernels.txt | head -40
 for b in cpu cuda; do .device/weft generate --backend $b --prompt "Love is" --max-tokens 60 --temperature 0 --ignore-eos --json > "$OUT/demo-$b.json" 2>/dev/null; done

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run on the GPU machine from the repository root, with the binaries built on a Rust machine
-# in .device/ (made by scripts/gpu/build_device.sh: cuda-kernels-test = the kernels test binary,
+# in .device/ (made by scripts/gpu/build_device.sh: cuda-kernels-test and cuda-kernels_moe-test = the op test binaries,
 # weft, gpu_bench, roofline).
 # Writes its logs to $OUT (default: .device/out). MOON=0 skips the Moonlight-shaped dummy model
 # (68 s to load); KIMI=1 adds the Kimi-K2 slice (~107 GB of bf16 weights).
@@ -10,6 +10,7 @@ export WEFT_DEMO_MODEL=$PWD/models/demo
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 echo "== kernels and golden fixtures vs the CPU reference"
 .device/cuda-kernels-test --test-threads 1 --nocapture 2>&1 | tee "$OUT/kernels.txt" | grep -E "rel err|cuda|test |SKIPPED|panicked|result"
+.device/cuda-kernels_moe-test --test-threads 1 --nocapture 2>&1 | tee -a "$OUT/kernels.txt" | grep -E "rel err|cuda|test |SKIPPED|panicked|result"
 echo "== demo model, greedy, CPU vs CUDA"
 for b in cpu cuda; do .device/weft generate --backend $b --prompt "Love is" --max-tokens 60 --temperature 0 --ignore-eos --json > "$OUT/demo-$b.json"; done
 python3 - "$OUT" <<'PY'

@@ -11,7 +11,8 @@ OUT=${OUT:-.device/out}; mkdir -p "$OUT"
 export WEFT_DEMO_MODEL=$PWD/models/demo
 R="$OUT/moe-gemm.md"; : > "$R"
 if [ -n "${TESTS-1}" ]; then
-  timeout 400 .device/cuda-kernels-test --test-threads 1 2>&1 | grep -E "^test |test result|panicked|moe.*rel err|relative error|unwritten|FAIL" | tee -a "$R"
+  timeout 300 .device/cuda-kernels-test --test-threads 1 2>&1 | grep -E "^test |test result|panicked|relative error|unwritten|FAIL" | tee -a "$R"
+  timeout 300 .device/cuda-kernels_moe-test --test-threads 1 2>&1 | grep -E "^test |test result|panicked|moe.*rel err|relative error|unwritten|FAIL" | tee -a "$R"
   timeout 200 .device/cuda-step_graphs-test 2>&1 | grep -E "^test |test result|panicked" | tee -a "$R"
 fi
 for r in 1 2; do

@@ -16,6 +16,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT
 if [[ " $STEPS " == *" kernels "* ]]; then
 echo "== kernels and golden fixtures vs the CPU reference"
 timeout 150 .device/cuda-kernels-test --test-threads 1 --nocapture > "$OUT/kernels.txt" 2>&1
+timeout 150 .device/cuda-kernels_moe-test --test-threads 1 --nocapture >> "$OUT/kernels.txt" 2>&1
 timeout 60 .device/cuda-step_graphs-test --nocapture >> "$OUT/kernels.txt" 2>&1
 grep -E "rel err|dummy|test |SKIPPED|panicked|test result|sampling front" "$OUT/kernels.txt" | cut -c1-150
 for b in cpu cuda; do .device/weft generate --backend $b --prompt "Love is" --max-tokens 60 --temperature 0 --ignore-eos --json > "$OUT/demo-$b.json" 2>/dev/null; done

@@ -22,7 +22,8 @@ if [[ " $STEPS " == *" test "* ]]; then
 echo "== tensor / expert parallelism over NCCL against the whole model"
 WEFT_REQUIRE_NCCL=1 timeout 300 .device/cuda-tensor_parallel-test --test-threads 1 --nocapture > "$OUT/tp-test.txt" 2>&1
 grep -E "NCCL|TP=|test |panicked|test result" "$OUT/tp-test.txt" | cut -c1-200
-[ -x .device/cuda-kernels-test ] && timeout 120 .device/cuda-kernels-test dummy moe --nocapture 2>&1 | grep -E "dummy|moe|test result|panicked" | tee -a "$OUT/tp-test.txt"
+[ -x .device/cuda-kernels-test ] && timeout 60 .device/cuda-kernels-test dummy --nocapture 2>&1 | grep -E "dummy|test result|panicked" | tee -a "$OUT/tp-test.txt"
+[ -x .device/cuda-kernels_moe-test ] && timeout 120 .device/cuda-kernels_moe-test --nocapture 2>&1 | grep -E "moe|test result|panicked" | tee -a "$OUT/tp-test.txt"
 fi
 if [[ " $STEPS " == *" serve "* ]] && [ -n "${SERVE_DEMO:-}" ]; then
 echo "== weft serve --tensor-parallel $TP --collective nccl on the demo model (checkpoint files)"

@@ -1,0 +1,199 @@
+//! The MoE ops on the GPU against the CPU reference (routing, the expert plan, weight-streaming
+//! and tensor-core experts, the grouped GEMM, host routing, expert-parallel ranks, shared experts
+//! run with the routed ones), outputs poisoned (NaN-filled) so unwritten elements are caught. On
+//! a machine without CUDA every test prints why it is skipped and passes.
+#![cfg(feature = "cuda")]
+
+use weft_backend::cpu::CpuBackend;
+use weft_backend::{Backend, ExpertWeights, HostMatrix, RouterConfig};
+use weft_cuda::CudaBackend;
+
+mod gpu;
+use gpu::*;
+
+/// The same experts on both backends, each made by `make(rng, rows, cols)`.
+type BothExperts = (Vec<ExpertWeights<weft_cuda::CudaMatrix>>, Vec<ExpertWeights<weft_backend::cpu::CpuMatrix>>);
+fn experts_on_both(g: &CudaBackend, c: &CpuBackend, r: &mut Rng, e: usize, hidden: usize, inter: usize, make: impl Fn(&mut Rng, usize, usize) -> HostMatrix<'static>) -> BothExperts {
+    let (mut eg, mut ec) = (vec![], vec![]);
+    for _ in 0..e {
+        let gu = make(r, 2 * inter, hidden);
+        let dn = make(r, hidden, inter);
+        eg.push(ExpertWeights { gate_up: g.upload_matrix(&gu).unwrap(), down: g.upload_matrix(&dn).unwrap(), inter });
+        ec.push(ExpertWeights { gate_up: c.upload_matrix(&gu).unwrap(), down: c.upload_matrix(&dn).unwrap(), inter });
+    }
+    (eg, ec)
+}
+
+/// Random tokens, router logits and bias through both backends' `moe`, compared.
+#[allow(clippy::too_many_arguments)]
+fn check_moe(g: &CudaBackend, c: &CpuBackend, r: &mut Rng, cfg: &RouterConfig, experts: &BothExperts, m: usize, hidden: usize, name: &str, tol: f32) {
+    check_moe_favouring(g, c, r, cfg, experts, m, hidden, name, tol, &[]);
+}
+
+/// `check_moe` with the experts in `favoured` chosen by every token (a large selection bias):
+/// experts serving many entries, in several passes.
+#[allow(clippy::too_many_arguments)]
+fn check_moe_favouring(g: &CudaBackend, c: &CpuBackend, r: &mut Rng, cfg: &RouterConfig, experts: &BothExperts, m: usize, hidden: usize, name: &str, tol: f32, favoured: &[usize]) {
+    let e = cfg.n_experts;
+    let x = r.vec(m * hidden, 1.0);
+    let logits = r.vec(m * e, 3.0);
+    let mut bias = r.vec(e, 0.3);
+    for &f in favoured {
+        bias[f] = 10.0;
+    }
+    // Every other call adds a shared experts' output in the combine.
+    let shared = (m % 2 == 0).then(|| r.vec(m * hidden, 1.0));
+    let got =
+        g.download(&g.moe(&g.upload(&x).unwrap(), &g.upload(&logits).unwrap(), &g.upload(&bias).unwrap(), cfg, &experts.0, shared.as_ref().map(|s| g.upload(s).unwrap()).as_ref()).unwrap()).unwrap();
+    let want = c.moe(&x, &logits, &bias, cfg, &experts.1, shared.as_ref()).unwrap();
+    check(name, &got, &want, tol);
+}
+
+#[test]
+fn moe_matches_cpu() {
+    let Some(mut g) = gpu() else { return };
+    let c = CpuBackend::new();
+    let mut r = Rng(3);
+    let (m, hidden, inter, e) = (37, 1024, 352, 32);
+    let cfg = RouterConfig { n_experts: e, top_k: 6, n_group: 4, topk_group: 2, norm_topk_prob: true, routed_scaling_factor: 2.446 };
+    let experts = experts_on_both(&g, &c, &mut r, e, hidden, inter, |r, rows, cols| bf16_matrix(r, rows, cols, 0.05));
+    check_moe(&g, &c, &mut r, &cfg, &experts, m, hidden, "moe (route + experts)", GEMM_TOL);
+    // Prefill-sized batches (~56 and ~60 tokens per expert, odd and even m for the shared-expert
+    // add): the grouped GEMM over the device plan (kernels/moe_gemm.cu), then, with it off, routing
+    // on the host: the grouped cuBLAS GEMMs, and the per-expert path.
+    for m in [299usize, 320] {
+        check_moe(&g, &c, &mut r, &cfg, &experts, m, hidden, &format!("moe device-planned GEMM m={m}"), MMA_TOL);
+    }
+    g.moe_gemm_tokens = 0;
+    for grouped in [true, false] {
+        g.moe_grouped = grouped;
+        for m in [299usize, 320] {
+            check_moe(&g, &c, &mut r, &cfg, &experts, m, hidden, &format!("moe host-routed m={m} grouped={grouped}"), GEMM_TOL);
+        }
+    }
+}
+
+#[test]
+fn moe_decode_path_matches_cpu() {
+    let Some(mut g) = gpu() else { return };
+    let c = CpuBackend::new();
+    let mut r = Rng(5);
+    // bf16 experts, group-limited routing (device routing and weight-streaming experts); several
+    // tokens per expert on CUDA cores (mma off) and on tensor cores, whose passes take 8 or 16
+    // entries: three favoured experts serve all 40 tokens (passes of 16, 16, 8).
+    let (hidden, inter, e) = (1024, 352, 32);
+    let cfg = RouterConfig { n_experts: e, top_k: 6, n_group: 4, topk_group: 2, norm_topk_prob: true, routed_scaling_factor: 2.446 };
+    let experts = experts_on_both(&g, &c, &mut r, e, hidden, inter, |r, rows, cols| bf16_matrix(r, rows, cols, 0.05));
+    for mma in [false, true] {
+        g.mma = mma;
+        let tol = if mma { MMA_TOL } else { 1e-4 };
+        for m in [1usize, 4, 16] {
+            check_moe(&g, &c, &mut r, &cfg, &experts, m, hidden, &format!("moe device bf16 m={m} mma={mma}"), if m == 1 { 1e-4 } else { tol });
+        }
+        check_moe_favouring(&g, &c, &mut r, &cfg, &experts, 40, hidden, &format!("moe device bf16 m=40 favoured mma={mma}"), tol, &[0, 1, 2]);
+    }
+    // fp8 experts at Kimi-K2 widths (hidden 7168, inter 2048), 8 of 24 experts, no groups;
+    // m = 1, 3, 20 and 40 take the weight-streaming kernels, m = 64 (21 tokens per expert) the
+    // grouped GEMM over the device plan (with tensor cores).
+    let (hidden, inter, e) = (7168, 2048, 24);
+    let cfg = RouterConfig { n_experts: e, top_k: 8, n_group: 1, topk_group: 1, norm_topk_prob: true, routed_scaling_factor: 2.827 };
+    let experts = experts_on_both(&g, &c, &mut r, e, hidden, inter, fp8_matrix);
+    for mma in [false, true] {
+        g.mma = mma;
+        let tol = if mma { MMA_TOL } else { 1e-4 };
+        for (m, tol) in [(1usize, 1e-4), (3, tol), (20, tol), (40, GEMM_TOL), (64, tol)] {
+            if m == 64 && !mma {
+                continue; // without tensor cores: host routing and bf16 copies (moe_expert_subsets)
+            }
+            check_moe(&g, &c, &mut r, &cfg, &experts, m, hidden, &format!("moe fp8 m={m} mma={mma}"), tol);
+        }
+    }
+}
+
+/// MoE blocks whose shared experts come in chunks as wide as a routed expert
+/// (`Backend::moe_block`): decode-sized batches run the chunks with the routed experts (one
+/// entry per expert, CUDA-core passes, tensor cores), prefill-sized ones (the grouped GEMM)
+/// apart through cuBLAS; each also with the fusion off; bf16 (two chunks, as Moonlight's) and fp8
+/// at Kimi-K2 widths (one chunk), a whole layer and an expert-parallel rank.
+#[test]
+fn moe_block_shared_chunks_match_cpu() {
+    let Some(mut g) = gpu() else { return };
+    let c = CpuBackend::new();
+    let mut r = Rng(29);
+    let has_mma = g.mma;
+    for fp8 in [false, true] {
+        let (hidden, inter, e, chunks) = if fp8 { (7168, 2048, 16, 1) } else { (1024, 352, 16, 2) };
+        let cfg = RouterConfig { n_experts: e, top_k: 4, n_group: 1, topk_group: 1, norm_topk_prob: true, routed_scaling_factor: 2.5 };
+        let (mut eg, mut ec) = if fp8 {
+            experts_on_both(&g, &c, &mut r, e + chunks, hidden, inter, fp8_matrix)
+        } else {
+            experts_on_both(&g, &c, &mut r, e + chunks, hidden, inter, |r, rows, cols| bf16_matrix(r, rows, cols, 0.05))
+        };
+        let (sg, sc) = (eg.split_off(e), ec.split_off(e));
+        for (mma, m) in [(true, 1usize), (false, 5), (true, 5), (true, 40), (true, 300)] {
+            g.mma = mma && has_mma;
+            // Prefill-sized: the shared chunks through cuBLAS (fp8 via bf16 copies).
+            let tol = if m < 100 {
+                MMA_TOL
+            } else if fp8 {
+                FP8_COPY_TOL
+            } else {
+                GEMM_TOL
+            };
+            for (first, held) in [(0, e), (4, 8)] {
+                let (x, logits, bias) = (r.vec(m * hidden, 1.0), r.vec(m * e, 3.0), r.vec(e, 0.3));
+                let (xg, lg, bg) = (g.upload(&x).unwrap(), g.upload(&logits).unwrap(), g.upload(&bias).unwrap());
+                let want = c.moe_block(&x, &logits, &bias, &cfg, &ec[first..first + held], first, &sc).unwrap();
+                for fused in [true, false] {
+                    g.moe_shared_fused = fused;
+                    let got = g.download(&g.moe_block(&xg, &lg, &bg, &cfg, &eg[first..first + held], first, &sg).unwrap()).unwrap();
+                    check(&format!("moe_block fp8={fp8} m={m} mma={mma} experts {first}..{} + {chunks} shared, fused={fused}", first + held), &got, &want, tol);
+                }
+            }
+        }
+        (g.mma, g.moe_shared_fused) = (has_mma, true);
+    }
+}
+
+/// An expert-parallel rank's MoE (`moe_local`, experts `first..first + held`) against the CPU's,
+/// on the device path (routing over every expert, only the held experts' pairs computed and
+/// combined: m = 1, 5, 24, mma on and off; m = 300 through the grouped GEMM) and host routing
+/// (m = 300 with that GEMM off); the ranks' outputs add up to the whole layer's. bf16 and fp8
+/// experts.
+#[test]
+fn moe_expert_subsets_match_cpu() {
+    let Some(mut g) = gpu() else { return };
+    let c = CpuBackend::new();
+    let mut r = Rng(17);
+    for fp8 in [false, true] {
+        let (hidden, inter, e) = if fp8 { (1024, 256, 16) } else { (1024, 352, 16) };
+        let cfg = RouterConfig { n_experts: e, top_k: 4, n_group: 1, topk_group: 1, norm_topk_prob: true, routed_scaling_factor: 2.5 };
+        let experts =
+            if fp8 { experts_on_both(&g, &c, &mut r, e, hidden, inter, fp8_matrix) } else { experts_on_both(&g, &c, &mut r, e, hidden, inter, |r, rows, cols| bf16_matrix(r, rows, cols, 0.05)) };
+        for (mma, m, gemm) in [(true, 1usize, 16), (true, 5, 16), (true, 24, 16), (false, 5, 16), (true, 300, 16), (true, 300, 0)] {
+            g.mma = mma;
+            g.moe_gemm_tokens = gemm;
+            let x = r.vec(m * hidden, 1.0);
+            let logits = r.vec(m * e, 3.0);
+            let bias = r.vec(e, 0.3);
+            let (xg, lg, bg) = (g.upload(&x).unwrap(), g.upload(&logits).unwrap(), g.upload(&bias).unwrap());
+            let whole = c.moe(&x, &logits, &bias, &cfg, &experts.1, None).unwrap();
+            let mut sum = vec![0f32; m * hidden];
+            // Host routing dequantizes fp8 experts to bf16 for cuBLAS (FP8_COPY_TOL).
+            let tol = if m <= 100 || gemm > 0 {
+                MMA_TOL
+            } else if fp8 {
+                FP8_COPY_TOL
+            } else {
+                GEMM_TOL
+            };
+            for (first, held) in [(0, 8), (8, 8)] {
+                let got = g.download(&g.moe_local(&xg, &lg, &bg, &cfg, &experts.0[first..first + held], first, None).unwrap()).unwrap();
+                let want = c.moe_local(&x, &logits, &bias, &cfg, &experts.1[first..first + held], first, None).unwrap();
+                check(&format!("moe_local fp8={fp8} experts {first}..{} m={m} mma={mma} gemm_tokens={gemm}", first + held), &got, &want, tol);
+                sum.iter_mut().zip(&got).for_each(|(s, v)| *s += v);
+            }
+            check(&format!("moe_local fp8={fp8} m={m}: ranks add up to the whole layer"), &sum, &whole, tol);
+        }
+    }
+}
