@@ -205,7 +205,8 @@ fn mla_attention_for_8_12_16_20_heads() {
 /// Prefill runs through the GEMM path (`mla_prefill.rs`, served here by the stand-in GEMM the
 /// mock build has; real HIP builds keep the decode kernels): a run of 72 rows attending in query
 /// tiles of 32 (tiles multiply only the keys their last row sees), beside a decode row and a
-/// short run of another two sequences, as `mla_attention_heads` — per head over decompressed
+/// short run of another two sequences and a fresh 64-token prompt (a second run, from position
+/// 0), as `mla_attention_heads` — per head over decompressed
 /// keys and values, and absorbed over the latents — against the CPU's absorbed ops; over f32
 /// and bf16 latent caches. Also `mla_attention` alone with the same runs.
 #[test]
@@ -214,14 +215,15 @@ fn mla_prefill_runs_decompressed_and_absorbed() {
     g.mla_prefill_tile = 32;
     let mut r = Rng(11);
     let (rd, latent, nope, v, ps) = (32, 128, 48, 40, 64usize);
-    let (ta, tb, tc): (Vec<u32>, Vec<u32>, Vec<u32>) = (vec![3, 0, 7, 1], vec![2, 5], vec![6]);
+    let (ta, tb, tc, td): (Vec<u32>, Vec<u32>, Vec<u32>, Vec<u32>) = (vec![3, 0, 7, 1], vec![2, 5], vec![6], vec![8]);
     let mut rows: Vec<AttnRow<'_>> = vec![AttnRow { block_table: &tb, ctx_len: 90 }];
     rows.extend((129..=200).map(|n| AttnRow { block_table: &ta, ctx_len: n }));
     rows.extend((10..=12).map(|n| AttnRow { block_table: &tc, ctx_len: n }));
+    rows.extend((1..=64).map(|n| AttnRow { block_table: &td, ctx_len: n }));
     for dtype in [KvDtype::F32, KvDtype::Bf16] {
-        let layout = KvLayout { layers: 1, num_pages: 8, page_size: ps, latent_dim: latent, rope_dim: rd, dtype };
+        let layout = KvLayout { layers: 1, num_pages: 9, page_size: ps, latent_dim: latent, rope_dim: rd, dtype };
         let (mut pg, mut pc) = (g.alloc_kv_pool(layout).unwrap(), c.alloc_kv_pool(layout).unwrap());
-        let n = 8 * ps;
+        let n = 9 * ps;
         let kv = r.vec(n * (latent + rd), 2.0);
         let pos: Vec<u32> = (0..n as u32).map(|s| s % 200).collect();
         let slots: Vec<u32> = (0..n as u32).collect();
