@@ -239,6 +239,12 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Whether a plain linear of `w` on `m` rows takes cuBLAS with bf16 activations (neither
+    /// weight-streaming path; not f32 weights).
+    fn on_cublas(&self, w: &CudaMatrix, m: usize) -> bool {
+        w.f32_data.is_none() && !self.gemv_mma_fits(w, m, w.rows) && !self.gemv_fits(w, m)
+    }
+
     pub(crate) fn len(&self, b: &CudaSlice<f32>) -> usize {
         b.len()
     }
@@ -401,6 +407,14 @@ impl Backend for CudaBackend {
         let m = check_rows("linear", self.len(x), a.cols)?;
         if self.gemv_pair_fits(a, b, m) {
             return self.gemv_pair(a, b, x, m);
+        }
+        // Both on cuBLAS with split activations: x split into its parts once for the two.
+        if self.gemm_split && a.cols == b.cols && self.on_cublas(a, m) && self.on_cublas(b, m) {
+            let parts = self.to_bf16_parts(x, m * a.cols)?;
+            let (mut ya, mut yb) = (self.out(m * a.rows)?, self.out(m * b.rows)?);
+            self.gemm_from(a, Act::Parts(&parts), &mut ya, [a.rows, m, a.cols, 1, a.cols, a.rows], false)?;
+            self.gemm_from(b, Act::Parts(&parts), &mut yb, [b.rows, m, b.cols, 1, b.cols, b.rows], false)?;
+            return Ok((ya, yb));
         }
         Ok((self.linear(x, a)?, self.linear(x, b)?))
     }
@@ -616,8 +630,7 @@ impl Backend for CudaBackend {
         // Chunks on the cuBLAS path (prefill): x split into its parts once for all of them, the
         // down products accumulated into one output; else each chunk's MLP, summed.
         let m = if shared.is_empty() { 0 } else { check_rows("moe_block", self.len(x), shared[0].gate_up.cols)? };
-        let cublas = |w: &CudaMatrix| w.f32_data.is_none() && !self.gemv_mma_fits(w, m, w.rows) && !self.gemv_fits(w, m);
-        if shared.len() < 2 || !self.gemm_split || !shared.iter().all(|w| w.gate_up.rows == 2 * w.inter && cublas(&w.gate_up) && cublas(&w.down)) {
+        if shared.len() < 2 || !self.gemm_split || !shared.iter().all(|w| w.gate_up.rows == 2 * w.inter && self.on_cublas(&w.gate_up, m) && self.on_cublas(&w.down, m)) {
             return weft_backend::shared_experts_apart(self, x, shared);
         }
         let hidden = shared[0].gate_up.cols;

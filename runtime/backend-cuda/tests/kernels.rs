@@ -255,8 +255,8 @@ fn mla_pool_ops_match_cpu(g: &CudaBackend, c: &CpuBackend, r: &mut Rng, dtype: K
 }
 
 /// Query and latent projections through `linear_pair` at Moonlight's (bf16) and Kimi-K2's (fp8)
-/// widths: one launch for a single decoding row, the usual paths for four rows; each output as
-/// the CPU's linear.
+/// widths: one launch for a single decoding row, the usual paths for four rows, cuBLAS sharing
+/// one split of the activations for a hundred; each output as the CPU's linear.
 #[test]
 fn linear_pair_matches_cpu() {
     let Some(g) = gpu() else { return };
@@ -266,12 +266,14 @@ fn linear_pair_matches_cpu() {
         let make = |r: &mut Rng, rows: usize| if fp8 { fp8_matrix(r, rows, k) } else { bf16_matrix(r, rows, k, 0.05) };
         let (a, b) = (make(&mut r, ra), make(&mut r, rb));
         let (ag, bg, ac, bc) = (g.upload_matrix(&a).unwrap(), g.upload_matrix(&b).unwrap(), c.upload_matrix(&a).unwrap(), c.upload_matrix(&b).unwrap());
-        for m in [1usize, 4] {
-            assert_eq!(g.gemv_pair_fits(&ag, &bg, m), m == 1 || !g.mma);
+        for m in [1usize, 4, 100] {
+            assert_eq!(g.gemv_pair_fits(&ag, &bg, m), m == 1 || (m == 4 && !g.mma));
+            // 100 rows: cuBLAS, x split once for both (fp8 through bf16 copies).
+            let tol = rows_tol(m, fp8);
             let x = r.vec(m * k, 1.0);
             let (ya, yb) = g.linear_pair(&g.upload(&x).unwrap(), &ag, &bg).unwrap();
-            check(&format!("linear_pair fp8={fp8} m={m} first"), &g.download(&ya).unwrap(), &c.linear(&x, &ac).unwrap(), MMA_TOL);
-            check(&format!("linear_pair fp8={fp8} m={m} second"), &g.download(&yb).unwrap(), &c.linear(&x, &bc).unwrap(), MMA_TOL);
+            check(&format!("linear_pair fp8={fp8} m={m} first"), &g.download(&ya).unwrap(), &c.linear(&x, &ac).unwrap(), tol);
+            check(&format!("linear_pair fp8={fp8} m={m} second"), &g.download(&yb).unwrap(), &c.linear(&x, &bc).unwrap(), tol);
         }
     }
 }

@@ -133,13 +133,7 @@ fn moe_block_shared_chunks_match_cpu() {
         for (mma, m) in [(true, 1usize), (false, 5), (true, 5), (true, 40), (true, 300)] {
             g.mma = mma && has_mma;
             // Prefill-sized: the shared chunks through cuBLAS (fp8 via bf16 copies).
-            let tol = if m < 100 {
-                MMA_TOL
-            } else if fp8 {
-                FP8_COPY_TOL
-            } else {
-                GEMM_TOL
-            };
+            let tol = rows_tol(m, fp8);
             for (first, held) in [(0, e), (4, 8)] {
                 let (x, logits, bias) = (r.vec(m * hidden, 1.0), r.vec(m * e, 3.0), r.vec(e, 0.3));
                 let (xg, lg, bg) = (g.upload(&x).unwrap(), g.upload(&logits).unwrap(), g.upload(&bias).unwrap());
