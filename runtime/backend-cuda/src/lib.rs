@@ -374,8 +374,11 @@ pub struct CudaBackend {
     /// per-head up-projections are bf16 and the decompressed context fits `mla_decompress_bytes`
     /// (`WEFT_CUDA_MLA_DECOMPRESS=0`: absorbed, for comparisons).
     pub mla_decompress: bool,
-    /// Bytes the decompressed keys and values of one run may take (4 GiB).
+    /// Bytes the decompressed keys and values (bf16 parts) of one run may take (4 GiB: ~210k
+    /// tokens of context at 16 heads).
     pub mla_decompress_bytes: usize,
+    /// Bytes of f32 products one block of keys may take while they are decompressed (256 MiB).
+    pub mla_decompress_block_bytes: usize,
     pub num_sms: usize,
     /// Largest dynamic shared memory a block may opt into.
     pub smem_optin: usize,
@@ -577,6 +580,7 @@ impl CudaBackend {
             mla_prefill_tile: std::env::var("WEFT_CUDA_MLA_PREFILL_TILE").ok().and_then(|v| v.parse().ok()).unwrap_or(256).max(1),
             mla_decompress: std::env::var("WEFT_CUDA_MLA_DECOMPRESS").map_or(true, |v| v != "0"),
             mla_decompress_bytes: 4 << 30,
+            mla_decompress_block_bytes: 256 << 20,
             num_sms,
             smem_optin,
             uploads: uploads::UploadCache::default(),

@@ -229,32 +229,43 @@ impl CudaBackend {
         let latents = [Some(pc), ctx.lo.then_some(pc + (total * w * 2) as u64)];
         let (puk, _guk) = w_uk_t.data.device_ptr(&self.stream);
         let (puv, _guv) = w_uv.data.device_ptr(&self.stream);
-        // k_nope [total][heads][nope] = c · W_UK,hᵀ per head; v [total][heads][v] = c · W_UV,hᵀ;
-        // one product per latent part (the weights are bf16, exact).
-        let mut k_nope = self.alloc::<f32>(total * heads * nope)?;
-        let mut vals = self.alloc::<f32>(total * heads * v)?;
-        {
-            let (pk, _gk) = k_nope.device_ptr_mut(&self.stream);
-            let (pv, _gv) = vals.device_ptr_mut(&self.stream);
-            for (i, c) in latents.into_iter().flatten().enumerate() {
-                self.gemm_bf16(Gemm { ta: false, m: nope, n: total, k: lat, a: (puk, nope, (lat * nope) as i64), b: (c, w, 0), c: (pk, heads * nope, nope as i64), batch: heads, accumulate: i > 0 })?;
-                self.gemm_bf16(Gemm { ta: true, m: v, n: total, k: lat, a: (puv, lat, (v * lat) as i64), b: (c, w, 0), c: (pv, heads * v, v as i64), batch: heads, accumulate: i > 0 })?;
-            }
-        }
-        // Keys as parts [total][heads][nope + rd]: k_nope split, the shared rotary key copied.
+        // Keys as parts [total][heads][nope + rd], values as parts [total][heads][v], made in
+        // blocks of keys so the f32 products stay within `mla_decompress_block_bytes`.
         let mut k = self.alloc::<u16>(2 * total * heads * kw)?;
-        {
+        let mut vp = self.alloc::<u16>(2 * total * heads * v)?;
+        let block = (self.mla_decompress_block_bytes / (4 * heads * (nope + v))).clamp(1, total);
+        let mut k_nope = self.alloc::<f32>(block * heads * nope)?;
+        let mut vals = self.alloc::<f32>(block * heads * v)?;
+        let (h32, n32, lat32, rd32, w32, has_lo) = (heads as u32, nope as u32, lat as u32, rd as u32, w as u32, ctx.lo as i32);
+        for k0 in (0..total).step_by(block) {
+            let nk = block.min(total - k0);
+            // k_nope [nk][heads][nope] = c · W_UK,hᵀ per head, v [nk][heads][v] = c · W_UV,hᵀ:
+            // one product per latent part (the weights are bf16, exact).
+            {
+                let (pk, _gk) = k_nope.device_ptr_mut(&self.stream);
+                let (pv, _gv) = vals.device_ptr_mut(&self.stream);
+                for (i, c) in latents.into_iter().flatten().enumerate() {
+                    let c = c + (k0 * w * 2) as u64;
+                    self.gemm_bf16(Gemm { ta: false, m: nope, n: nk, k: lat, a: (puk, nope, (lat * nope) as i64), b: (c, w, 0), c: (pk, heads * nope, nope as i64), batch: heads, accumulate: i > 0 })?;
+                    self.gemm_bf16(Gemm { ta: true, m: v, n: nk, k: lat, a: (puv, lat, (v * lat) as i64), b: (c, w, 0), c: (pv, heads * v, v as i64), batch: heads, accumulate: i > 0 })?;
+                }
+            }
+            // k_nope split and the shared rotary key copied; the values split.
             let (mut hi, mut lo) = k.split_at_mut(total * heads * kw);
-            let c_lo = if ctx.lo { ctx.c.slice(total * w..) } else { ctx.c.slice(..) };
-            let has_lo = ctx.lo as i32;
-            let (h32, n32, lat32, rd32, w32) = (heads as u32, nope as u32, lat as u32, rd as u32, w as u32);
+            let (mut hi, mut lo) = (hi.slice_mut(k0 * heads * kw..(k0 + nk) * heads * kw), lo.slice_mut(k0 * heads * kw..(k0 + nk) * heads * kw));
+            let c_hi = ctx.c.slice(k0 * w..(k0 + nk) * w);
+            let c_lo = if ctx.lo { ctx.c.slice((total + k0) * w..(total + k0 + nk) * w) } else { ctx.c.slice(k0 * w..(k0 + nk) * w) };
             let mut b = self.stream.launch_builder(self.func("mla_k_split"));
-            b.arg(&k_nope).arg(&ctx.c).arg(&c_lo).arg(&has_lo).arg(&mut hi).arg(&mut lo).arg(&h32).arg(&n32).arg(&lat32).arg(&rd32).arg(&w32);
-            unsafe { b.launch(cfg(total * heads, 0)) }.map_err(dev)?;
+            b.arg(&k_nope).arg(&c_hi).arg(&c_lo).arg(&has_lo).arg(&mut hi).arg(&mut lo).arg(&h32).arg(&n32).arg(&lat32).arg(&rd32).arg(&w32);
+            unsafe { b.launch(cfg(nk * heads, 0)) }.map_err(dev)?;
+            let (mut vhi, mut vlo) = vp.split_at_mut(total * heads * v);
+            let (mut vhi, mut vlo) = (vhi.slice_mut(k0 * heads * v..(k0 + nk) * heads * v), vlo.slice_mut(k0 * heads * v..(k0 + nk) * heads * v));
+            let n64 = (nk * heads * v) as i64;
+            let mut b = self.stream.launch_builder(self.func("cast_f32_bf16_split"));
+            b.arg(&vals).arg(&mut vhi).arg(&mut vlo).arg(&n64);
+            unsafe { b.launch(crate::ops::flat(nk * heads * v)) }.map_err(dev)?;
         }
-        drop(k_nope);
-        let vp = self.to_bf16_parts(&vals, total * heads * v)?;
-        drop(vals);
+        drop((k_nope, vals));
         let rh = run.len * heads;
         let q = self.split_queries(q_nope, nope, q_pe, rd, run, heads)?;
         let (pk, _gk) = k.device_ptr(&self.stream);
@@ -380,8 +391,8 @@ impl CudaBackend {
         let runs = self.mla_gemm_runs(rows);
         let l = pool.layout;
         let (nope, v) = (w_uk_t.cols, w_uv.rows / heads);
-        // k_nope and v in f32, keys and values in two parts: the most a run holds at once.
-        let bytes = |r: &Run| (rows[r.start].ctx_len - 1 + r.len) * heads * (4 * nope + 4 * (nope + l.rope_dim) + 8 * v);
+        // Keys and values in two parts (the f32 products are made in blocks of keys).
+        let bytes = |r: &Run| (rows[r.start].ctx_len - 1 + r.len) * heads * (4 * (nope + l.rope_dim) + 4 * v);
         if runs.is_empty() || runs.iter().any(|r| bytes(r) > self.mla_decompress_bytes) {
             return Ok(None);
         }

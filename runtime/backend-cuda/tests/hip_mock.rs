@@ -208,13 +208,15 @@ fn mla_attention_for_8_12_16_20_heads() {
 /// mock build has; real HIP builds keep the decode kernels): a run of 72 rows attending in query
 /// tiles of 32 (tiles multiply only the keys their last row sees), beside a decode row and a
 /// short run of another two sequences and a fresh 64-token prompt (a second run, from position
-/// 0), as `mla_attention_heads` — per head over decompressed
+/// 0), as `mla_attention_heads` (keys decompressed in blocks of 64 at 16 heads, 256 at 4) — per head over decompressed
 /// keys and values, and absorbed over the latents — against the CPU's absorbed ops; over f32
 /// and bf16 latent caches. Also `mla_attention` alone with the same runs.
 #[test]
 fn mla_prefill_runs_decompressed_and_absorbed() {
     let (mut g, c) = (mock(), CpuBackend::new());
     g.mla_prefill_tile = 32;
+    // Keys decompressed in blocks of 64 (f32 products of 64 keys × 16 heads × (48 + 40) columns).
+    g.mla_decompress_block_bytes = 64 * 16 * (48 + 40) * 4;
     let mut r = Rng(11);
     let (rd, latent, nope, v, ps) = (32, 128, 48, 40, 64usize);
     let (ta, tb, tc, td): (Vec<u32>, Vec<u32>, Vec<u32>, Vec<u32>) = (vec![3, 0, 7, 1], vec![2, 5], vec![6], vec![8]);

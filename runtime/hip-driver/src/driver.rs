@@ -291,6 +291,19 @@ impl<T> CudaSlice<T> {
     }
 }
 
+impl<T> CudaViewMut<'_, T> {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn slice_mut(&mut self, r: impl RangeBounds<usize>) -> CudaViewMut<'_, T> {
+        let (s, e) = bounds(r, self.len);
+        CudaViewMut { ptr: self.ptr + (s * std::mem::size_of::<T>()) as u64, len: e - s, _t: PhantomData }
+    }
+}
+
 macro_rules! device_ptr_impls {
     ($($ty:ident $(<$l:lifetime>)?),*) => {$(
         impl<$($l,)? T> DevicePtr<T> for $ty<$($l,)? T> {
