@@ -119,12 +119,12 @@ __device__ __forceinline__ u32 local_expert(u32 id, u32 E, u32 S, u32 first, u32
 #define MOE_TILE_ROWS 64
 __device__ void plan_experts(const volatile u32* ids, u32 n, u32 E, u32 S, u32 first, u32 held, u32 maxa, u32* plan) {
     __shared__ u32 count[MOE_MAX_EXPERTS], slot[MOE_MAX_EXPERTS], fill[MOE_MAX_EXPERTS], tile0[MOE_MAX_EXPERTS];
-    held += S;  // the shared chunks are planned after the routed experts
-    for (u32 e = threadIdx.x; e < held; e += blockDim.x) { count[e] = 0; fill[e] = 0; }
+    const u32 planned = held + S;  // the shared chunks are planned after the routed experts
+    for (u32 e = threadIdx.x; e < planned; e += blockDim.x) { count[e] = 0; fill[e] = 0; }
     __syncthreads();
     for (u32 i = threadIdx.x; i < n; i += blockDim.x) {
-        u32 e = local_expert(ids[i], E, S, first, held - S);
-        if (e < held) atomicAdd(&count[e], 1u);
+        u32 e = local_expert(ids[i], E, S, first, held);
+        if (e < planned) atomicAdd(&count[e], 1u);
     }
     __syncthreads();
     u32* act = plan + 1;
@@ -133,7 +133,7 @@ __device__ void plan_experts(const volatile u32* ids, u32 n, u32 E, u32 S, u32 f
     u32* tiles = ent + n;
     if (threadIdx.x == 0) {
         u32 a = 0, o = 0, nt = 0;
-        for (u32 e = 0; e < held; e++) {
+        for (u32 e = 0; e < planned; e++) {
             if (count[e]) { act[a] = e; off[a] = o; slot[e] = a; tile0[a] = nt; o += count[e]; nt += (count[e] + MOE_TILE_ROWS - 1) / MOE_TILE_ROWS; a++; }
         }
         off[a] = o;
@@ -147,8 +147,8 @@ __device__ void plan_experts(const volatile u32* ids, u32 n, u32 E, u32 S, u32 f
             tiles[2 + 2 * j] = off[a] + r;
         }
     for (u32 i = threadIdx.x; i < n; i += blockDim.x) {
-        u32 e = local_expert(ids[i], E, S, first, held - S);
-        if (e >= held) continue;
+        u32 e = local_expert(ids[i], E, S, first, held);
+        if (e >= planned) continue;
         u32 p = atomicAdd(&fill[e], 1u);
         ent[off[slot[e]] + p] = i;
     }
