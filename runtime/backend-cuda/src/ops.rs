@@ -629,11 +629,13 @@ impl Backend for CudaBackend {
     fn shared_experts(&self, x: &CudaSlice<f32>, shared: &[ExpertWeights<CudaMatrix>]) -> Result<Option<CudaSlice<f32>>> {
         // Chunks on the cuBLAS path (prefill): x split into its parts once for all of them, the
         // down products accumulated into one output; else each chunk's MLP, summed.
-        let m = if shared.is_empty() { 0 } else { check_rows("moe_block", self.len(x), shared[0].gate_up.cols)? };
-        if shared.len() < 2 || !self.gemm_split || !shared.iter().all(|w| w.gate_up.rows == 2 * w.inter && self.on_cublas(&w.gate_up, m) && self.on_cublas(&w.down, m)) {
+        let hidden = shared.first().map_or(0, |w| w.gate_up.cols);
+        let m = if shared.is_empty() { 0 } else { check_rows("moe_block", self.len(x), hidden)? };
+        // Every chunk shaped for x (else the ops apart say what is wrong).
+        let fits = |w: &ExpertWeights<CudaMatrix>| w.gate_up.cols == hidden && w.gate_up.rows == 2 * w.inter && w.down.rows == hidden && w.down.cols == w.inter;
+        if shared.len() < 2 || !self.gemm_split || !shared.iter().all(|w| fits(w) && self.on_cublas(&w.gate_up, m) && self.on_cublas(&w.down, m)) {
             return weft_backend::shared_experts_apart(self, x, shared);
         }
-        let hidden = shared[0].gate_up.cols;
         let parts = self.to_bf16_parts(x, m * hidden)?;
         let mut out = self.out(m * hidden)?;
         for (i, w) in shared.iter().enumerate() {

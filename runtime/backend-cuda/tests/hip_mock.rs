@@ -331,6 +331,18 @@ fn moe_block_runs_shared_chunks_with_the_routed_experts() {
             }
         }
     }
+    // A chunk whose width does not match the activations: an error on the GEMM path, not a read
+    // past its buffer.
+    let mut r = Rng(47);
+    let chunk = |r: &mut Rng, cols: usize| ExpertWeights {
+        gate_up: g.upload_matrix(&bf16_matrix(r, "gu", 2 * inter, cols)).unwrap(),
+        down: g.upload_matrix(&bf16_matrix(r, "dn", hidden, inter)).unwrap(),
+        inter,
+    };
+    let bad = vec![chunk(&mut r, hidden), chunk(&mut r, hidden + 32)];
+    let m = 70;
+    let err = g.shared_experts(&g.upload(&r.vec(m * hidden, 1.0)).unwrap(), &bad).err().expect("mismatched chunk");
+    assert!(err.to_string().contains("are not rows of"), "{err}");
 }
 
 /// The sampling front end on the device (token edits, temperature, top-K, log-sum-exp): the
