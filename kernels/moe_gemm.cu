@@ -27,9 +27,10 @@
 #else
 #define MG_BK 32
 #endif
-// Activation parts: two (f32-grade, the default), or with WEFT_MG_ONE_PART the bf16 rounding
-// alone (as PyTorch's bf16 grouped_mm; half the products, ~1e-3 from f32) — a variant for
-// measurements, not a default: every other path here keeps f32-grade activations.
+// Activation parts: two (f32-grade) for tiles holding a token the step computes precisely (its
+// decode and verification rows, runtime/backend-cuda/src/precision.rs), else the bf16 rounding
+// alone (prompt rows: as PyTorch's bf16 grouped_mm, half the products, ~1e-3 from
+// f32). WEFT_MG_ONE_PART takes one part for every tile (a variant for measurements).
 #ifdef WEFT_MG_ONE_PART
 #define MG_PARTS 1
 #else
@@ -104,7 +105,7 @@ __device__ __forceinline__ void fp8x16_to_bf16(uint4 v, uint4& lo, uint4& hi) {
 // x: f32 activations (gate|up: token rows, gathered by entry; down: h, plan rows), or with
 // cp.async the two bf16 parts of each plan row ([plan row][2 · cols]: hi, then lo). out: gate|up
 // h (f32 [plan row][inter], or bf16 parts [plan row][2 · inter] with cp.async), down y.
-template <int FP8, int GATED>
+template <int FP8, int GATED, int PARTS>
 __device__ void moe_gemm_body(ExpertTable T, const u32* plan, u32 maxa, u32 n, const void* x_, void* out_, u32 k, u32 rows, u32 cols, u32 inter) {
     constexpr bool ASYNC = MG_ASYNC && !FP8;
     const float* x = (const float*)x_;
@@ -163,7 +164,7 @@ __device__ void moe_gemm_body(ExpertTable T, const u32* plan, u32 maxa, u32 n, c
             uint2 h, l;
             split_bf16x4(xv[j], h, l);
             *(uint2*)(st + MG_XH + row * MG_LD + c) = h;
-            if (MG_PARTS == 2) *(uint2*)(st + MG_XL + row * MG_LD + c) = l;
+            if (PARTS == 2) *(uint2*)(st + MG_XL + row * MG_LD + c) = l;
         }
 #pragma unroll
         for (int j = 0; j < WL; j++) {
@@ -212,7 +213,7 @@ __device__ void moe_gemm_body(ExpertTable T, const u32* plan, u32 maxa, u32 n, c
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-                for (int p = 0; p < MG_PARTS; p++)
+                for (int p = 0; p < PARTS; p++)
                     ldsm_x4(af[mt][p], st + (p ? MG_XL : MG_XH) + (wm * 32 + mt * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * MG_LD + ks + 8 * (lane / 16));
 #pragma unroll
             for (int nt = 0; nt < 8; nt += 2) {
@@ -229,7 +230,7 @@ __device__ void moe_gemm_body(ExpertTable T, const u32* plan, u32 maxa, u32 n, c
                 for (int nt = 0; nt < 8; nt++) {
                     float (&d)[4] = FP8 ? part[mt][nt] : acc[mt][nt];
 #pragma unroll
-                    for (int p = 0; p < MG_PARTS; p++) mma_bf16_16816(d, af[mt][p][0], af[mt][p][1], af[mt][p][2], af[mt][p][3], bfr[nt][0], bfr[nt][1]);
+                    for (int p = 0; p < PARTS; p++) mma_bf16_16816(d, af[mt][p][0], af[mt][p][1], af[mt][p][2], af[mt][p][3], bfr[nt][0], bfr[nt][1]);
                 }
         }
     };
@@ -326,24 +327,47 @@ __device__ void moe_gemm_body(ExpertTable T, const u32* plan, u32 maxa, u32 n, c
 #define MG_BOUNDS __launch_bounds__(MG_THREADS)
 #endif
 
+// Whether block x's tile takes two activation parts: mode 0 never, 1 always, 2 where it holds
+// an entry of a token whose flag is set (every thread reads the tile's entries: at most MG_BM,
+// no barrier needed). `ek`: entries per token.
+__device__ __forceinline__ bool mg_tile_two_parts(const u32* plan, u32 maxa, u32 n, u32 ek, const u32* flags, u32 mode) {
+    if (MG_PARTS == 1 || mode == 0) return false;
+    if (mode == 1) return true;
+    const u32* tiles = plan + 2 + 2 * maxa + n;
+    if (blockIdx.x >= tiles[0]) return false;
+    const u32 a = tiles[1 + 2 * blockIdx.x], i0 = tiles[2 + 2 * blockIdx.x];
+    const u32 i1 = min(i0 + MG_BM, plan[1 + maxa + a + 1]);
+    const u32* ent = plan + 2 + 2 * maxa;
+    for (u32 i = i0; i < i1; i++)
+        if (flags[ent[i] / ek]) return true;
+    return false;
+}
+
+template <int FP8, int GATED>
+__device__ __forceinline__ void moe_gemm_tile(ExpertTable T, const u32* plan, u32 maxa, u32 n, const void* x, void* out, u32 k, u32 rows, u32 cols, u32 inter, u32 ek, const u32* flags, u32 mode) {
+    if (mg_tile_two_parts(plan, maxa, n, ek, flags, mode)) moe_gemm_body<FP8, GATED, 2>(T, plan, maxa, n, x, out, k, rows, cols, inter);
+    else moe_gemm_body<FP8, GATED, 1>(T, plan, maxa, n, x, out, k, rows, cols, inter);
+}
+
 // gate|up: x [tokens, hidden] → h [plan rows, inter]; grid (tile bound, inter / 64).
 // down: h [plan rows, inter] → y [entries, hidden]; grid (tile bound, hidden / 128).
+// k: entries per token; flags, mode: which tiles take two activation parts (mg_tile_two_parts).
 // (With WEFT_MG_ASYNC the bf16 entries take and give the two-part rows described above.)
-extern "C" __global__ void MG_BOUNDS moe_gemm_gate_up_bf16(const u64* w, const u32* plan, u32 maxa, u32 n, const void* x, void* h, u32 k, u32 hidden, u32 inter) { WEFT_PDL_ENTRY();
+extern "C" __global__ void MG_BOUNDS moe_gemm_gate_up_bf16(const u64* w, const u32* plan, u32 maxa, u32 n, const void* x, void* h, u32 k, u32 hidden, u32 inter, const u32* flags, u32 mode) { WEFT_PDL_ENTRY();
     ExpertTable Tb = {w, w, 0, 1, 1};
-    moe_gemm_body<0, 1>(Tb, plan, maxa, n, x, h, k, 2 * inter, hidden, inter);
+    moe_gemm_tile<0, 1>(Tb, plan, maxa, n, x, h, k, 2 * inter, hidden, inter, k, flags, mode);
 }
-extern "C" __global__ void MG_BOUNDS moe_gemm_gate_up_fp8(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, u32 n, const void* x, void* h, u32 k, u32 hidden, u32 inter) { WEFT_PDL_ENTRY();
+extern "C" __global__ void MG_BOUNDS moe_gemm_gate_up_fp8(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, u32 n, const void* x, void* h, u32 k, u32 hidden, u32 inter, const u32* flags, u32 mode) { WEFT_PDL_ENTRY();
     ExpertTable Tb = {w, sc, sc_cols, br, bc};
-    moe_gemm_body<1, 1>(Tb, plan, maxa, n, x, h, k, 2 * inter, hidden, inter);
+    moe_gemm_tile<1, 1>(Tb, plan, maxa, n, x, h, k, 2 * inter, hidden, inter, k, flags, mode);
 }
-extern "C" __global__ void MG_BOUNDS moe_gemm_down_bf16(const u64* w, const u32* plan, u32 maxa, u32 n, const void* h, void* y, u32 hidden, u32 inter) { WEFT_PDL_ENTRY();
+extern "C" __global__ void MG_BOUNDS moe_gemm_down_bf16(const u64* w, const u32* plan, u32 maxa, u32 n, const void* h, void* y, u32 hidden, u32 inter, u32 k, const u32* flags, u32 mode) { WEFT_PDL_ENTRY();
     ExpertTable Tb = {w, w, 0, 1, 1};
-    moe_gemm_body<0, 0>(Tb, plan, maxa, n, h, y, 0, hidden, inter, inter);
+    moe_gemm_tile<0, 0>(Tb, plan, maxa, n, h, y, 0, hidden, inter, inter, k, flags, mode);
 }
-extern "C" __global__ void MG_BOUNDS moe_gemm_down_fp8(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, u32 n, const void* h, void* y, u32 hidden, u32 inter) { WEFT_PDL_ENTRY();
+extern "C" __global__ void MG_BOUNDS moe_gemm_down_fp8(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, u32 n, const void* h, void* y, u32 hidden, u32 inter, u32 k, const u32* flags, u32 mode) { WEFT_PDL_ENTRY();
     ExpertTable Tb = {w, sc, sc_cols, br, bc};
-    moe_gemm_body<1, 0>(Tb, plan, maxa, n, h, y, 0, hidden, inter, inter);
+    moe_gemm_tile<1, 0>(Tb, plan, maxa, n, h, y, 0, hidden, inter, inter, k, flags, mode);
 }
 
 // With WEFT_MG_ASYNC: the gate|up operand as two bf16 parts per plan row, xs[i] = (hi, lo) of

@@ -13,14 +13,14 @@ export WEFT_DEMO_MODEL=$PWD/models/demo
 PART=${PART:-all}
 if [ "$PART" = tests ] || [ "$PART" = all ]; then
   R="$OUT/round11-tests.md"; : > "$R"
-  timeout 240 .device/cuda-kernels-test --test-threads 1 mla_prefill_runs linear_pair mla_attention_head golden 2>&1 \
+  timeout 240 .device/cuda-kernels-test --test-threads 1 mla_prefill_runs linear_pair mla_attention_head golden prompt_rows 2>&1 \
     | grep -E "^test |test result|panicked|rel err|relative error|FAIL" | tee -a "$R"
   timeout 240 .device/cuda-kernels_moe-test --test-threads 1 2>&1 | grep -E "^test |test result|panicked|rel err|relative error|FAIL" | tee -a "$R"
   timeout 150 .device/cuda-step_graphs-test 2>&1 | grep -E "^test |test result|panicked" | tee -a "$R"
 fi
 if [ "$PART" = ab ] || [ "$PART" = all ]; then
   R="$OUT/round11-ab.md"; : > "$R"
-  OLD=WEFT_CUDA_MLA_DECOMPRESS=0,WEFT_CUDA_MLA_PREFILL_TILE=100000,WEFT_CUDA_MOE_SHARED_FUSED=0,WEFT_CUDA_GEMV_PAIR=0
+  OLD=WEFT_CUDA_MLA_DECOMPRESS=0,WEFT_CUDA_MLA_PREFILL_TILE=100000,WEFT_CUDA_MOE_SHARED_FUSED=0,WEFT_CUDA_GEMV_PAIR=0,WEFT_CUDA_PREFILL_PARTS=2
   for r in $(seq 1 "${ROUNDS:-2}"); do
     for setting in ${AB:-- $OLD}; do
       env_args=(); [ "$setting" != "-" ] && IFS=, read -r -a env_args <<< "$setting"

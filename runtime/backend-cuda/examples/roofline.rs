@@ -281,7 +281,7 @@ fn main() {
             let mut run_step = |step: usize, download: bool| -> (f64, f64, f64, f64) {
                 let (tokens, positions, slots) = step_inputs(&tables, ctx + step, step, vocab);
                 let attn: Vec<AttnRow<'_>> = tables.iter().map(|t| AttnRow { block_table: t, ctx_len: ctx + step + 1 }).collect();
-                let batch = StepBatch { tokens: &tokens, positions: &positions, slots: &slots, attn: &attn };
+                let batch = StepBatch { tokens: &tokens, positions: &positions, slots: &slots, attn: &attn, exact_rows: &[] };
                 let t = Instant::now();
                 let hidden = model.forward_hidden(&mut pool, &batch).unwrap();
                 let mut logits = model.logits(&hidden).unwrap();
@@ -358,7 +358,7 @@ fn main() {
         let positions: Vec<u32> = (0..n as u32).collect();
         let slots: Vec<u32> = positions.iter().map(|&p| table[p as usize / PAGE] * PAGE as u32 + p % PAGE as u32).collect();
         let attn: Vec<AttnRow<'_>> = (0..n).map(|i| AttnRow { block_table: &table, ctx_len: i + 1 }).collect();
-        let batch = StepBatch { tokens: &tokens, positions: &positions, slots: &slots, attn: &attn };
+        let batch = StepBatch { tokens: &tokens, positions: &positions, slots: &slots, attn: &attn, exact_rows: &[] };
         let (mut best, mut enqueue) = (f64::MAX, 0.0);
         for _ in 0..3 {
             let t = Instant::now();

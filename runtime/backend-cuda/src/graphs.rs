@@ -174,7 +174,7 @@ impl CudaBackend {
     pub(crate) fn run_step_graph(&self, pool: &mut CudaKvPool, step: &StepBatch<'_>, out_len: usize, run: &mut dyn FnMut(&mut CudaKvPool) -> Result<CudaSlice<f32>>) -> Result<CudaSlice<f32>> {
         let m = step.tokens.len();
         let mut g = self.graphs.lock().unwrap();
-        if !g.enabled || m == 0 || m > g.max_tokens || step.attn.len() != m || step.positions.len() != m || step.slots.len() != m {
+        if !g.enabled || m == 0 || !self.step_all_precise() || m > g.max_tokens || step.attn.len() != m || step.positions.len() != m || step.slots.len() != m {
             drop(g);
             return run(pool);
         }

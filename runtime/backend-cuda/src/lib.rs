@@ -44,6 +44,7 @@ pub mod nccl;
 mod ops;
 #[cfg(feature = "cuda")]
 mod pdl;
+mod precision;
 mod sample;
 mod uploads;
 
@@ -316,9 +317,17 @@ pub struct CudaBackend {
     pub mma_max_m: [usize; 2],
     /// cuBLAS GEMMs take f32 activations as two bf16 parts in two passes (default), so a row's
     /// result does not depend on which kernel its batch size picked, to f32-accumulation
-    /// distance: greedy speculative decoding then matches plain decoding. `WEFT_CUDA_GEMM_SPLIT=0`:
-    /// one pass with bf16-rounded activations (~1e-3 relative; half the GEMM work).
+    /// distance: greedy speculative decoding then matches plain decoding. Prompt rows of long
+    /// runs take one part inside a step (`prefill_parts`, `precision.rs`).
+    /// `WEFT_CUDA_GEMM_SPLIT=0`: one pass with bf16-rounded activations everywhere (~1e-3
+    /// relative; half the GEMM work).
     pub gemm_split: bool,
+    /// Activation parts of prompt rows in long runs (`precision.rs`): 1 (default) or 2
+    /// (`WEFT_CUDA_PREFILL_PARTS`); decode and verification rows always take `gemm_split`'s.
+    pub prefill_parts: usize,
+    /// Fewest consecutive rows of one sequence that count as a prompt run for that (64;
+    /// `WEFT_CUDA_PREFILL_RUN_ROWS`).
+    pub prefill_run_rows: usize,
     /// Up to this many activation rows, a split cuBLAS GEMM of one weight takes the two parts as
     /// one GEMM of twice the rows (the weight read once, one GEMM launch) plus `add_halves`,
     /// instead of two accumulating passes (64; `WEFT_CUDA_GEMM_STACK_MAX_M`, 0 = always two
@@ -391,6 +400,8 @@ pub struct CudaBackend {
     _blas_workspace: CudaSlice<u8>,
     /// Between `begin_capture` and `end_capture`: host copies are refused (see `no_capture`).
     capturing: std::sync::atomic::AtomicBool,
+    /// Rows of the step being run and which of them take two activation parts.
+    step_precision: precision::StepPrecision,
     /// Recorded forward steps (`Backend::run_step`).
     graphs: Mutex<graphs::StepGraphs>,
     /// The step being recorded, while one is.
@@ -562,6 +573,8 @@ impl CudaBackend {
             #[cfg(feature = "cuda")]
             arena,
             gemm_split: std::env::var("WEFT_CUDA_GEMM_SPLIT").map_or(true, |v| v != "0"),
+            prefill_parts: std::env::var("WEFT_CUDA_PREFILL_PARTS").ok().and_then(|v| v.parse().ok()).unwrap_or(1).clamp(1, 2),
+            prefill_run_rows: std::env::var("WEFT_CUDA_PREFILL_RUN_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
             gemm_stack_max_m: std::env::var("WEFT_CUDA_GEMM_STACK_MAX_M").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
             mla_split_tiles: std::env::var("WEFT_CUDA_MLA_SPLIT_TILES").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1),
             mla_grouped: std::env::var("WEFT_CUDA_MLA_GROUPED").map_or(true, |v| v != "0"),
@@ -589,6 +602,7 @@ impl CudaBackend {
             #[cfg(feature = "cuda")]
             _blas_workspace: blas_workspace,
             capturing: std::sync::atomic::AtomicBool::new(false),
+            step_precision: precision::StepPrecision::default(),
             graphs: Mutex::new(graphs::StepGraphs::from_env()),
             recording: Mutex::new(None),
         })

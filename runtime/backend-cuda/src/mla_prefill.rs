@@ -14,42 +14,19 @@
 //! f32 accumulation; a bf16 cache is its own single part), the causal softmax's weights are
 //! split again, and query rows go in tiles of at most `mla_prefill_tile` rows within the
 //! backend's `mla_score_bytes`, each multiplying only the keys its last row sees. Rows outside
-//! long runs (decodes, short chunks, speculative verification) take the decode kernels.
+//! long runs (decodes, short chunks, speculative verification) take the decode kernels. Inside
+//! a step, a run's prompt rows take one bf16 part (`precision.rs`, the default): every operand's
+//! second part is left out for their tiles, one product instead of three; a precise tail (drafts
+//! scored in the run's pass) keeps them.
 
 use crate::mla::MlaArgs;
 use crate::ops::cfg;
+pub(crate) use crate::precision::{long_runs, Run};
 use crate::{dev, CudaBackend, CudaKvPool, CudaMatrix};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, PushKernelArg};
 use std::ffi::c_void;
 use weft_backend::{AttnRow, Result};
-
-/// Rows `start..start + len` of a step: one sequence's consecutive positions (same block table,
-/// each row seeing one more token than the one before).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Run {
-    pub start: usize,
-    pub len: usize,
-}
-
-/// The step's runs of at least `min` rows.
-pub(crate) fn long_runs(rows: &[AttnRow<'_>], min: usize) -> Vec<Run> {
-    let mut runs = Vec::new();
-    let mut start = 0;
-    for i in 1..=rows.len() {
-        let continues = i < rows.len() && {
-            let (a, b) = (&rows[i - 1], &rows[i]);
-            std::ptr::eq(a.block_table, b.block_table) && b.ctx_len == a.ctx_len + 1
-        };
-        if !continues {
-            if i - start >= min {
-                runs.push(Run { start, len: i - start });
-            }
-            start = i;
-        }
-    }
-    runs
-}
 
 /// One strided-batched bf16 GEMM with f32 output, column-major as cuBLAS sees it:
 /// `C = op(A)·B (+ C)` with `m×k` op(A) (`ta`: A stored `k×m`), `k×n` B.
@@ -143,13 +120,20 @@ impl CudaBackend {
     /// `len` query rows attending causally over keys and values, per head, in query tiles:
     /// `S = Q·Kᵀ` from the parts (hi·hi + hi·lo + lo·hi, f32 accumulation), the causal softmax
     /// split into parts, `O = P·V` the same way into `out` (`[rows][heads][vw]`, `out.ld` apart).
+    /// Rows before `split` take every operand's first part alone (`precision.rs`); no tile
+    /// spans it.
     #[allow(clippy::too_many_arguments)]
-    fn attend(&self, keys: Parts, kw: usize, queries: Parts, values: Parts, vw: usize, out: Parts, heads: usize, ctx0: usize, len: usize, scale: f32) -> Result<()> {
+    fn attend(&self, keys: Parts, kw: usize, queries: Parts, values: Parts, vw: usize, out: Parts, heads: usize, ctx0: usize, (len, split): (usize, usize), scale: f32) -> Result<()> {
         let total = ctx0 + len;
         let tile = self.query_tile(heads, total, len);
         let mut i0 = 0;
         while i0 < len {
-            let r = tile.min(len - i0);
+            let mut r = tile.min(len - i0);
+            if i0 < split {
+                r = r.min(split - i0);
+            }
+            let one = i0 < split;
+            let [keys, queries, values] = [keys, queries, values].map(|p| if one { Parts { lo: None, ..p } } else { p });
             let t = ctx0 + i0 + r; // context the tile's last row sees
             let mut s = self.alloc::<f32>(heads * r * t)?;
             let ps = {
@@ -170,7 +154,7 @@ impl CudaBackend {
                 unsafe { b.launch(cfg(heads * r, 0)) }.map_err(dev)?;
             }
             let (pp, _gp) = p.device_ptr(&self.stream);
-            let weights = Parts { hi: pp, lo: Some(pp + (heads * r * t * 2) as u64), ld: t, head: (r * t) as i64 };
+            let weights = Parts { hi: pp, lo: (!one).then_some(pp + (heads * r * t * 2) as u64), ld: t, head: (r * t) as i64 };
             // O_h [r × vw] = P_h · V_h[..t], into the tile's rows of `out`.
             let o0 = out.hi + (i0 * out.ld * 4) as u64;
             for (i, (a, b)) in products(values, weights).into_iter().enumerate() {
@@ -211,7 +195,8 @@ impl CudaBackend {
         let latents = Parts { hi: pc, lo: ctx.lo.then_some(pc + (ctx.total * w * 2) as u64), ld: w, head: 0 };
         let queries = Parts { hi: pq, lo: Some(pq + (rh * w * 2) as u64), ld: heads * w, head: w as i64 };
         let out = Parts { hi: po + (run.start * heads * lat * 4) as u64, lo: None, ld: heads * lat, head: lat as i64 };
-        self.attend(latents, w, queries, latents, lat, out, heads, ctx.ctx0, run.len, scale)
+        let split = run.len - self.run_precise_tail(rows.len(), run);
+        self.attend(latents, w, queries, latents, lat, out, heads, ctx.ctx0, (run.len, split), scale)
     }
 
     /// Attention of `run`'s rows with the context's keys and values decompressed per head
@@ -226,7 +211,9 @@ impl CudaBackend {
         let ctx = self.gather_context(pool, layer, rows, run)?;
         let total = ctx.total;
         let (pc, _gc) = ctx.c.device_ptr(&self.stream);
-        let latents = [Some(pc), ctx.lo.then_some(pc + (total * w * 2) as u64)];
+        // The latents' second part only where some of the run's rows take two parts.
+        let split = run.len - self.run_precise_tail(rows.len(), run);
+        let latents = [Some(pc), (ctx.lo && split < run.len).then_some(pc + (total * w * 2) as u64)];
         let (puk, _guk) = w_uk_t.data.device_ptr(&self.stream);
         let (puv, _guv) = w_uv.data.device_ptr(&self.stream);
         // Keys as parts [total][heads][nope + rd], values as parts [total][heads][v], made in
@@ -276,7 +263,7 @@ impl CudaBackend {
         let values = Parts { hi: pvp, lo: Some(pvp + (total * heads * v * 2) as u64), ld: heads * v, head: v as i64 };
         let queries = Parts { hi: pq, lo: Some(pq + (rh * kw * 2) as u64), ld: heads * kw, head: kw as i64 };
         let out = Parts { hi: po + (run.start * heads * v * 4) as u64, lo: None, ld: heads * v, head: v as i64 };
-        self.attend(keys, kw, queries, values, v, out, heads, ctx.ctx0, run.len, scale)
+        self.attend(keys, kw, queries, values, v, out, heads, ctx.ctx0, (run.len, split), scale)
     }
 }
 
@@ -415,22 +402,5 @@ impl CudaBackend {
         let idx = self.up_u32(&others)?;
         self.scatter_into(&o, &idx.slice(..), &mut out, width, others.len())?;
         Ok(Some(out))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn long_runs_are_consecutive_rows_of_one_table() {
-        let (a, b) = (vec![0u32, 1, 2], vec![3u32, 4]);
-        let mut rows: Vec<AttnRow<'_>> = vec![AttnRow { block_table: &a, ctx_len: 9 }, AttnRow { block_table: &b, ctx_len: 4 }];
-        rows.extend((0..5).map(|i| AttnRow { block_table: &a, ctx_len: 10 + i }));
-        rows.push(AttnRow { block_table: &a, ctx_len: 14 }); // not one more: a new run
-        rows.extend((0..3).map(|i| AttnRow { block_table: &b, ctx_len: 5 + i }));
-        assert_eq!(long_runs(&rows, 3), vec![Run { start: 2, len: 5 }, Run { start: 8, len: 3 }]);
-        assert_eq!(long_runs(&rows, 4), vec![Run { start: 2, len: 5 }]);
-        assert!(long_runs(&rows[..2], 1).len() == 2);
     }
 }

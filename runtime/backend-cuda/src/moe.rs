@@ -6,6 +6,7 @@
 //! order. The launch grids are sized for the worst case (every selected expert distinct, every
 //! expert's last tile partial), so nothing waits for the host.
 
+use crate::precision::TokenParts;
 use crate::{dev, CudaBackend, CudaMatrix};
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchArgs, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
@@ -305,7 +306,7 @@ impl CudaBackend {
         let fp8 = tables.fp8.is_some() as usize;
         let (h32, i32_) = (hidden as u32, inter as u32);
         if let Path::Gemm = path {
-            let y = self.moe_gemm(&tables, &plan, maxa, n, x, k, hidden, inter)?;
+            let y = self.moe_gemm(&tables, &plan, maxa, n, x, (k, &self.moe_token_parts(m)?), hidden, inter)?;
             return self.moe_combine(&y, &wts, &ids, (e, s, first, experts.len()), add, m, k, hidden);
         }
         let grid = |units: usize, threads: u32| {
@@ -331,11 +332,29 @@ impl CudaBackend {
 
     /// The experts as the grouped GEMM over the plan's tiles: gate|up with SiLU into `h`
     /// (plan rows), then down into `y` (entries). Grids are sized for the most tiles the plan
-    /// can hold; blocks past its tile count exit.
+    /// can hold; blocks past its tile count exit. `(k, parts)`: entries per token, and
+    /// which tiles take two activation parts (`precision.rs`).
     #[allow(clippy::too_many_arguments)]
-    fn moe_gemm(&self, tables: &ExpertTables, plan: &CudaSlice<u32>, maxa: usize, n: usize, x: &CudaSlice<f32>, k: usize, hidden: usize, inter: usize) -> Result<CudaSlice<f32>> {
+    fn moe_gemm(
+        &self,
+        tables: &ExpertTables,
+        plan: &CudaSlice<u32>,
+        maxa: usize,
+        n: usize,
+        x: &CudaSlice<f32>,
+        (k, parts): (usize, &TokenParts),
+        hidden: usize,
+        inter: usize,
+    ) -> Result<CudaSlice<f32>> {
         let fp8 = tables.fp8.is_some() as usize;
         let (h32, i32_, k32, n32, maxa32) = (hidden as u32, inter as u32, k as u32, n as u32, maxa as u32);
+        // Kernel arguments: the flags (any buffer where unused) and the mode: 0 one part, 1 two,
+        // 2 by the flags.
+        let (flags, mode) = match parts {
+            TokenParts::One => (plan, 0u32),
+            TokenParts::Two => (plan, 1),
+            TokenParts::Flags(f) => (&**f, 2),
+        };
         let tiles = (n / TILE_ROWS + maxa) as u32;
         let cfg = |slices: usize| LaunchConfig { grid_dim: (tiles, slices as u32, 1), block_dim: (GEMM_THREADS, 1, 1), shared_mem_bytes: gemm_smem(fp8 == 1) };
         // The cp.async variant's bf16 kernels take two-part bf16 rows in plan order (the split
@@ -361,12 +380,12 @@ impl CudaBackend {
             Some(xs) => l.arg(xs),
             None => l.arg(x),
         };
-        l.arg(&mut h).arg(&k32).arg(&h32).arg(&i32_);
+        l.arg(&mut h).arg(&k32).arg(&h32).arg(&i32_).arg(flags).arg(&mode);
         unsafe { l.launch(cfg(inter.div_ceil(GEMM_ROWS / 2))) }.map_err(dev)?;
         let mut y = self.out(n * hidden)?;
         let mut l = self.stream.launch_builder(self.func(["moe_gemm_down_bf16", "moe_gemm_down_fp8"][fp8]));
         tables.push(&mut l, true);
-        l.arg(plan).arg(&maxa32).arg(&n32).arg(&h).arg(&mut y).arg(&h32).arg(&i32_);
+        l.arg(plan).arg(&maxa32).arg(&n32).arg(&h).arg(&mut y).arg(&h32).arg(&i32_).arg(&k32).arg(flags).arg(&mode);
         unsafe { l.launch(cfg(hidden.div_ceil(GEMM_ROWS))) }.map_err(dev)?;
         Ok(y)
     }

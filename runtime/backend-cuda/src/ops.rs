@@ -121,17 +121,22 @@ impl CudaBackend {
         Ok(y)
     }
 
-    /// x as bf16 (`gemm_split`: its rounding then the rounding's error, `2n` values).
-    pub(crate) fn to_bf16_parts(&self, x: &CudaSlice<f32>, n: usize) -> Result<CudaSlice<u16>> {
+    /// x as bf16 (`gemm_split`: its rounding, then the rounding's error — `2n` values; with
+    /// `lo` false the second part is left unwritten: no row takes it, `precision.rs`).
+    pub(crate) fn to_bf16_parts(&self, x: &CudaSlice<f32>, n: usize, lo: bool) -> Result<CudaSlice<u16>> {
         if !self.gemm_split {
             return self.to_bf16(x, n);
         }
         let mut y = self.alloc::<u16>(2 * n.max(1))?;
         let n64 = n as i64;
         {
-            let (mut hi, mut lo) = y.split_at_mut(n.max(1));
-            let mut l = self.stream.launch_builder(self.func("cast_f32_bf16_split"));
-            l.arg(x).arg(&mut hi).arg(&mut lo).arg(&n64);
+            let (mut hi, mut lo_part) = y.split_at_mut(n.max(1));
+            let mut l = self.stream.launch_builder(self.func(if lo { "cast_f32_bf16_split" } else { "cast_f32_bf16" }));
+            l.arg(x).arg(&mut hi);
+            if lo {
+                l.arg(&mut lo_part);
+            }
+            l.arg(&n64);
             unsafe { l.launch(flat(n)) }.map_err(dev)?;
         }
         Ok(y)
@@ -159,18 +164,18 @@ impl CudaBackend {
         };
         let xb;
         let (pa, _ga, pb, _gb, ty);
-        // Activation parts: (device pointer offset in elements) per pass.
-        let mut passes = vec![0usize];
+        // Passes: (first row, rows, activation part offset in elements); the second part over
+        // the rows that take it (`lo_ranges`).
+        let lo_ranges = self.lo_ranges(m);
+        let mut passes = vec![(0usize, m, 0usize)];
         match (w, x) {
             (Weight::Bf16(wb), x) => {
                 let nx = m * batch * k;
                 xb = match x {
-                    Act::F32(x) => Some(self.to_bf16_parts(x, nx)?),
+                    Act::F32(x) => Some(self.to_bf16_parts(x, nx, !lo_ranges.is_empty())?),
                     Act::Parts(_) => None,
                 };
-                if self.gemm_split {
-                    passes.push(nx.max(1));
-                }
+                passes.extend(lo_ranges.iter().map(|&(a, b)| (a, b - a, nx.max(1))));
                 (pa, _ga) = wb.device_ptr(&self.stream);
                 (pb, _gb) = match (&xb, x) {
                     (Some(b), _) => b.device_ptr(&self.stream),
@@ -189,7 +194,7 @@ impl CudaBackend {
         let elem = if ty == cudaDataType::CUDA_R_16BF { 2 } else { 4 };
         // Two parts of a few rows (a plain linear): one GEMM over the parts stacked as 2m rows
         // (they lie one after the other, `m * ldb` elements apart), then add the halves.
-        let stack = !accumulate && passes.len() == 2 && batch == 1 && ldb == k && ldc == n && m > 0 && m <= self.gemm_stack_max_m;
+        let stack = !accumulate && passes.len() == 2 && lo_ranges == [(0, m)] && batch == 1 && ldb == k && ldc == n && m > 0 && m <= self.gemm_stack_max_m;
         let mut stacked = if stack { Some(self.alloc::<f32>(2 * m * n)?) } else { None };
         {
             let blas = self.blas.lock().unwrap();
@@ -197,8 +202,8 @@ impl CudaBackend {
                 Some(st) => st.device_ptr_mut(&self.stream),
                 None => out.device_ptr_mut(&self.stream),
             };
-            let runs: Vec<(usize, usize)> = if stack { vec![(2 * m, 0)] } else { passes.iter().map(|&off| (m, off)).collect() };
-            for (i, &(rows, off)) in runs.iter().enumerate() {
+            let runs: Vec<(usize, usize, usize)> = if stack { vec![(0, 2 * m, 0)] } else { passes };
+            for (i, &(row0, rows, off)) in runs.iter().enumerate() {
                 let (alpha, beta) = (1.0f32, if i == 0 && !accumulate { 0.0f32 } else { 1.0 });
                 unsafe {
                     cudarc::cublas::result::gemm_strided_batched_ex(
@@ -213,12 +218,12 @@ impl CudaBackend {
                         ty,
                         k as i32,
                         (n * k) as i64,
-                        (pb + (off * elem) as u64) as *const c_void,
+                        (pb + ((off + row0 * ldb) * elem) as u64) as *const c_void,
                         ty,
                         ldb as i32,
                         k as i64,
                         &beta as *const f32 as *const c_void,
-                        pc as *mut c_void,
+                        (pc + (row0 * ldc * 4) as u64) as *mut c_void,
                         cudaDataType::CUDA_R_32F,
                         ldc as i32,
                         n as i64,
@@ -276,6 +281,7 @@ impl Backend for CudaBackend {
     }
 
     fn run_step(&self, pool: &mut CudaKvPool, step: &StepBatch<'_>, out_len: usize, run: &mut dyn FnMut(&mut CudaKvPool) -> Result<CudaSlice<f32>>) -> Result<CudaSlice<f32>> {
+        let _precision = self.begin_step_precision(step);
         self.run_step_graph(pool, step, out_len, run)
     }
 
@@ -410,7 +416,7 @@ impl Backend for CudaBackend {
         }
         // Both on cuBLAS with split activations: x split into its parts once for the two.
         if self.gemm_split && a.cols == b.cols && self.on_cublas(a, m) && self.on_cublas(b, m) {
-            let parts = self.to_bf16_parts(x, m * a.cols)?;
+            let parts = self.to_bf16_parts(x, m * a.cols, !self.lo_ranges(m).is_empty())?;
             let (mut ya, mut yb) = (self.out(m * a.rows)?, self.out(m * b.rows)?);
             self.gemm_from(a, Act::Parts(&parts), &mut ya, [a.rows, m, a.cols, 1, a.cols, a.rows], false)?;
             self.gemm_from(b, Act::Parts(&parts), &mut yb, [b.rows, m, b.cols, 1, b.cols, b.rows], false)?;
@@ -636,7 +642,7 @@ impl Backend for CudaBackend {
         if shared.len() < 2 || !self.gemm_split || !shared.iter().all(|w| fits(w) && self.on_cublas(&w.gate_up, m) && self.on_cublas(&w.down, m)) {
             return weft_backend::shared_experts_apart(self, x, shared);
         }
-        let parts = self.to_bf16_parts(x, m * hidden)?;
+        let parts = self.to_bf16_parts(x, m * hidden, !self.lo_ranges(m).is_empty())?;
         let mut out = self.out(m * hidden)?;
         for (i, w) in shared.iter().enumerate() {
             let mut gu = self.out(m * 2 * w.inter)?;

@@ -276,6 +276,81 @@ fn mla_prefill_runs_decompressed_and_absorbed() {
     (g.mla_decompress, g.mla_gemm_min_rows) = (true, 0);
 }
 
+/// Relative error of rows `rows` (each `width` wide) against the reference's largest value.
+fn rows_err(got: &[f32], want: &[f32], width: usize, rows: std::ops::Range<usize>) -> f32 {
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+    let r = rows.start * width..rows.end * width;
+    got[r.clone()].iter().zip(&want[r]).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale
+}
+
+/// Inside a step (`run_step`), prompt rows in long runs take one bf16 activation part and the
+/// step's other rows two (`precision.rs`): a decode row before a 72-row prompt run stays
+/// f32-grade in a GEMM over the step's rows and in attention, the run's rows come out
+/// bf16-grade — and visibly so, so the one-part path was taken — except its last three when
+/// they are the step's `exact_rows` (drafts); with `prefill_parts = 2`, and outside a step,
+/// every row is f32-grade.
+#[test]
+fn prompt_rows_take_one_part_inside_a_step() {
+    let (mut g, c) = (mock(), CpuBackend::new());
+    g.mla_gemm_min_rows = 64;
+    let mut r = Rng(31);
+    let (rd, latent, nope, v, ps, heads) = (32, 128, 48, 40, 64usize, 4usize);
+    let (ta, tb): (Vec<u32>, Vec<u32>) = (vec![3, 0, 2, 1], vec![4, 5]);
+    let mut rows: Vec<AttnRow<'_>> = vec![AttnRow { block_table: &tb, ctx_len: 90 }];
+    rows.extend((129..=200).map(|n| AttnRow { block_table: &ta, ctx_len: n }));
+    let m = rows.len();
+    let layout = KvLayout { layers: 1, num_pages: 6, page_size: ps, latent_dim: latent, rope_dim: rd, dtype: KvDtype::F32 };
+    let (mut pg, mut pc) = (g.alloc_kv_pool(layout).unwrap(), c.alloc_kv_pool(layout).unwrap());
+    let n = 6 * ps;
+    let kv = r.vec(n * (latent + rd), 2.0);
+    let pos: Vec<u32> = (0..n as u32).map(|s| s % 200).collect();
+    let slots: Vec<u32> = (0..n as u32).collect();
+    let rp = RopeParams { inv_freq: (0..rd / 2).map(|i| 50000f32.powf(-(2.0 * i as f32) / rd as f32)).collect(), attention_factor: 1.0, interleaved: true };
+    c.mla_store_kv(&mut pc, 0, &kv, &r.vec(latent, 1.0), 1e-6, &pos, &slots, &rp).unwrap();
+    g.stream.memcpy_htod(&pc.data, &mut pg.data).unwrap();
+    let (uk, uv) = (bf16_matrix(&mut r, "w_uk_t", heads * latent, nope), bf16_matrix(&mut r, "w_uv", heads * v, latent));
+    let (guk, guv, cuk, cuv) = (g.upload_matrix(&uk).unwrap(), g.upload_matrix(&uv).unwrap(), c.upload_matrix(&uk).unwrap(), c.upload_matrix(&uv).unwrap());
+    let (q_nope, q_pe) = (r.vec(m * heads * nope, 0.5), r.vec(m * heads * rd, 0.5));
+    let want_attn = c.mla_attention_heads(&pc, 0, &q_nope, &q_pe, &cuk, &cuv, heads, &rows, 0.06).unwrap();
+    let (gq, gp) = (g.upload(&q_nope).unwrap(), g.upload(&q_pe).unwrap());
+    let (wn, wk) = (96, 256);
+    let w = bf16_matrix(&mut r, "w", wn, wk);
+    let (wg, wc) = (g.upload_matrix(&w).unwrap(), c.upload_matrix(&w).unwrap());
+    let x = r.vec(m * wk, 1.0);
+    let want_lin = c.linear(&x, &wc).unwrap();
+    let gx = g.upload(&x).unwrap();
+    let zeros = vec![0u32; m];
+    for (parts, inside, exact) in [(1, true, &[][..]), (1, true, &[(70u32, 73u32)][..]), (2, true, &[][..]), (1, false, &[][..])] {
+        let step = weft_backend::StepBatch { tokens: &zeros, positions: &zeros, slots: &zeros, attn: &rows, exact_rows: exact };
+        g.prefill_parts = parts;
+        let mut attn = None;
+        let lin = if inside {
+            let mut run = |pool: &mut weft_cuda::CudaKvPool| {
+                attn = Some(g.mla_attention_heads(pool, 0, &gq, &gp, &guk, &guv, heads, &rows, 0.06)?);
+                g.linear(&gx, &wg)
+            };
+            g.run_step(&mut pg, &step, m * wn, &mut run).unwrap()
+        } else {
+            attn = Some(g.mla_attention_heads(&pg, 0, &gq, &gp, &guk, &guv, heads, &rows, 0.06).unwrap());
+            g.linear(&gx, &wg).unwrap()
+        };
+        let (lin, attn) = (g.download(&lin).unwrap(), g.download(&attn.unwrap()).unwrap());
+        // The decode row, the run's rows before any exact tail, the exact tail.
+        let one_end = if exact.is_empty() { m } else { 70 };
+        let e = |rows: std::ops::Range<usize>| [rows_err(&lin, &want_lin, wn, rows.clone()), rows_err(&attn, &want_attn, heads * v, rows)];
+        let (dec, run, tail) = (e(0..1), e(1..one_end), if exact.is_empty() { [0.0; 2] } else { e(70..m) });
+        eprintln!("parts {parts}, inside a step {inside}, exact rows {exact:?}: linear / attention — decode row {dec:?}, run rows {run:?}, exact tail {tail:?}");
+        assert!(dec.iter().chain(&tail).all(|&x| x < 2e-5), "the decode row and exact rows must stay f32-grade");
+        if parts == 1 && inside {
+            assert!(run.iter().all(|&x| x > 1e-4 && x < 1e-2), "the run's rows take one bf16 part: {run:?}");
+        } else {
+            assert!(run.iter().all(|&x| x < 2e-5), "every row f32-grade: {run:?}");
+        }
+    }
+    g.prefill_parts = 1;
+    g.mla_gemm_min_rows = 0;
+}
+
 /// An MoE block whose shared experts come in chunks as wide as a routed expert
 /// (`Backend::moe_block`): on the device path the chunks run with the routed experts, as
 /// experts every token takes with weight 1 (one entry per expert for a single token, CUDA-core

@@ -191,3 +191,53 @@ fn moe_expert_subsets_match_cpu() {
         }
     }
 }
+
+/// Inside a step (`run_step`), prompt rows of a long run take one bf16 activation part and the
+/// step's decode rows and `exact_rows` two (`precision.rs`): four decode rows before a 296-row
+/// prompt run, through the grouped expert GEMM (its tiles decide from per-token flags) and a
+/// cuBLAS linear — the decode rows f32-grade, the run's rows bf16-grade and visibly so, except
+/// its last four when they are exact rows (drafts); with `prefill_parts = 2` every row f32-grade.
+#[test]
+fn prompt_rows_take_one_part_inside_a_step() {
+    use weft_backend::{AttnRow, KvDtype, KvLayout, StepBatch};
+    let Some(mut g) = gpu() else { return };
+    let c = CpuBackend::new();
+    let mut r = Rng(37);
+    let (hidden, inter, e, m) = (1024, 352, 32, 300);
+    let cfg = RouterConfig { n_experts: e, top_k: 6, n_group: 4, topk_group: 2, norm_topk_prob: true, routed_scaling_factor: 2.446 };
+    let experts = experts_on_both(&g, &c, &mut r, e, hidden, inter, |r, rows, cols| bf16_matrix(r, rows, cols, 0.05));
+    let w = bf16_matrix(&mut r, 512, hidden, 0.05);
+    let (wg, wc) = (g.upload_matrix(&w).unwrap(), c.upload_matrix(&w).unwrap());
+    let (x, logits, bias) = (r.vec(m * hidden, 1.0), r.vec(m * e, 3.0), r.vec(e, 0.3));
+    let want_moe = c.moe(&x, &logits, &bias, &cfg, &experts.1, None).unwrap();
+    let want_lin = c.linear(&x, &wc).unwrap();
+    let (xg, lg, bg) = (g.upload(&x).unwrap(), g.upload(&logits).unwrap(), g.upload(&bias).unwrap());
+    // Four decode rows (one table each), then one sequence's 296 prompt rows.
+    let tables: Vec<Vec<u32>> = (0..5u32).map(|i| vec![i]).collect();
+    let mut rows: Vec<AttnRow<'_>> = (0..4).map(|i| AttnRow { block_table: &tables[i], ctx_len: 10 + i }).collect();
+    rows.extend((1..=296).map(|n| AttnRow { block_table: &tables[4], ctx_len: n }));
+    let zeros = vec![0u32; m];
+    let mut pool = g.alloc_kv_pool(KvLayout { layers: 1, num_pages: 8, page_size: 64, latent_dim: 512, rope_dim: 64, dtype: KvDtype::Bf16 }).unwrap();
+    for (parts, exact) in [(1, &[][..]), (1, &[(296u32, 300u32)][..]), (2, &[][..])] {
+        g.prefill_parts = parts;
+        let step = StepBatch { tokens: &zeros, positions: &zeros, slots: &zeros, attn: &rows, exact_rows: exact };
+        let mut moe = None;
+        let mut run = |_: &mut weft_cuda::CudaKvPool| {
+            moe = Some(g.moe(&xg, &lg, &bg, &cfg, &experts.0, None)?);
+            g.linear(&xg, &wg)
+        };
+        let lin = g.download(&g.run_step(&mut pool, &step, m * 512, &mut run).unwrap()).unwrap();
+        let moe = g.download(&moe.unwrap()).unwrap();
+        let one_end = if exact.is_empty() { m } else { 296 };
+        let e = |rows: std::ops::Range<usize>| [rows_err("linear", &lin, &want_lin, 512, rows.clone()), rows_err("moe", &moe, &want_moe, hidden, rows)];
+        let (dec, run, tail) = (e(0..4), e(4..one_end), if exact.is_empty() { [0.0; 2] } else { e(296..m) });
+        eprintln!("  prefill_parts {parts}, exact {exact:?}: linear / moe — decode rows {dec:?}, run rows {run:?}, exact tail {tail:?}");
+        assert!(dec.iter().chain(&tail).all(|&x| x <= MMA_TOL), "decode and exact rows must stay f32-grade");
+        if parts == 1 {
+            assert!(run.iter().all(|&x| x > MMA_TOL && x < 1e-2), "the run's rows take one bf16 part: {run:?}");
+        } else {
+            assert!(run.iter().all(|&x| x <= MMA_TOL), "every row f32-grade: {run:?}");
+        }
+    }
+    g.prefill_parts = 1;
+}

@@ -60,7 +60,7 @@ fn run(lm: &LoadedModel<CudaBackend>, plan: &[Vec<usize>]) -> Vec<Vec<f32>> {
             }
         }
         let attn: Vec<AttnRow> = owner.iter().map(|&(q, p)| AttnRow { block_table: &seqs[q].pages[..p / PAGE + 1], ctx_len: p + 1 }).collect();
-        let batch = StepBatch { tokens: &tokens, positions: &positions, slots: &slots, attn: &attn };
+        let batch = StepBatch { tokens: &tokens, positions: &positions, slots: &slots, attn: &attn, exact_rows: &[] };
         let h = m.forward_hidden(&mut pool, &batch).unwrap();
         outs.push(m.backend.download(&h).unwrap());
         drop(attn);

@@ -180,7 +180,7 @@ pub struct AttnRow<'a> {
 }
 
 /// One forward step's tokens (prefill chunks and decode tokens of any number of sequences).
-/// All slices have one entry per token.
+/// The per-token slices have one entry per token.
 pub struct StepBatch<'a> {
     pub tokens: &'a [u32],
     pub positions: &'a [u32],
@@ -188,6 +188,12 @@ pub struct StepBatch<'a> {
     pub slots: &'a [u32],
     /// What each token attends to (its sequence's pages, context up to and including itself).
     pub attn: &'a [AttnRow<'a>],
+    /// Rows `start..end` that must compute exactly as decode rows do although they sit in a
+    /// prefill chunk: speculative drafts scored in the pass of a prompt's last chunk. A backend
+    /// that gives prompt rows less precise arithmetic than decode rows (the CUDA backend's one
+    /// bf16 activation part) keeps these at decode precision, so greedy speculative output stays
+    /// plain greedy output. Usually empty.
+    pub exact_rows: &'a [(u32, u32)],
 }
 
 /// How many forward steps a backend recorded (as replayable graphs), replayed, and failed to

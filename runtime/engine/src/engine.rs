@@ -612,7 +612,9 @@ impl<B: Backend> StepLoop<B> {
             })
             .collect();
         let model = &self.lm.model;
-        let batch = StepBatch { tokens: &tokens, positions: &positions, slots: &slots, attn: &attn };
+        // Drafts compute as decode rows would, also when scored in a prompt chunk's pass.
+        let exact: Vec<(u32, u32)> = spec_of.iter().map(|&(wi, first)| ((first + 1) as u32, (first + 1 + self.running[work[wi].seq].spec.drafts.len()) as u32)).collect();
+        let batch = StepBatch { tokens: &tokens, positions: &positions, slots: &slots, attn: &attn, exact_rows: &exact };
         let hidden = model.forward_hidden(&mut self.kv, &batch).map_err(|e| e.to_string())?;
         let mut rows: Vec<u32> = row_of.iter().map(|&(_, r)| r as u32).collect();
         for &(wi, first) in &spec_of {

@@ -69,7 +69,7 @@ impl<'a> PassRows<'a> {
     }
 
     pub fn batch(&self) -> StepBatch<'_> {
-        StepBatch { tokens: &self.tokens, positions: &self.positions, slots: &self.slots, attn: &self.attn }
+        StepBatch { tokens: &self.tokens, positions: &self.positions, slots: &self.slots, attn: &self.attn, exact_rows: &[] }
     }
 }
 

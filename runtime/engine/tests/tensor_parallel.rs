@@ -61,7 +61,7 @@ fn mtp_drafting_under_tensor_parallelism_fails_clearly() {
     let lm = LoadedModel::open_tensor_parallel(&fixture(), 2, LoadOptions::default(), CpuBackend::new(), |_| Ok(CpuBackend::new())).unwrap();
     let m = &lm.model;
     let mut pool = m.alloc_kv_pool(4, 8).unwrap();
-    let batch = weft_model::StepBatch { tokens: &[1], positions: &[0], slots: &[0], attn: &[weft_backend::AttnRow { block_table: &[0], ctx_len: 1 }] };
+    let batch = weft_model::StepBatch { tokens: &[1], positions: &[0], slots: &[0], attn: &[weft_backend::AttnRow { block_table: &[0], ctx_len: 1 }], exact_rows: &[] };
     let hidden = m.forward_hidden(&mut pool, &batch).unwrap();
     let mut mtp_pool = m.backend.alloc_kv_pool(m.mtp_kv_layout(4, 8)).unwrap();
     let err = m.mtp_forward(0, &mut mtp_pool, &batch, &hidden).err().expect("refused").to_string();

@@ -62,7 +62,7 @@ pub fn generate<B: Backend>(model: &DeepseekV3<B>, req: &GenerateRequest) -> Res
         let end = (start + PREFILL_CHUNK).min(n);
         let positions: Vec<u32> = (start as u32..end as u32).collect();
         let rows: Vec<AttnRow> = positions.iter().map(|&p| AttnRow { block_table: &table, ctx_len: p as usize + 1 }).collect();
-        let batch = StepBatch { tokens: &req.prompt_ids[start..end], positions: &positions, slots: &positions, attn: &rows };
+        let batch = StepBatch { tokens: &req.prompt_ids[start..end], positions: &positions, slots: &positions, attn: &rows, exact_rows: &[] };
         let hidden = model.forward_hidden(&mut pool, &batch)?;
         let hidden = if req.logprobs.is_some() || end == n {
             if req.logprobs.is_some() {
@@ -106,7 +106,7 @@ pub fn generate<B: Backend>(model: &DeepseekV3<B>, req: &GenerateRequest) -> Res
         }
         let p = [pos as u32];
         let rows = [AttnRow { block_table: &table, ctx_len: pos + 1 }];
-        let batch = StepBatch { tokens: &[tok], positions: &p, slots: &p, attn: &rows };
+        let batch = StepBatch { tokens: &[tok], positions: &p, slots: &p, attn: &rows, exact_rows: &[] };
         let hidden = model.forward_hidden(&mut pool, &batch)?;
         logits = be.download(&model.logits(&hidden)?)?;
         pos += 1;

@@ -18,11 +18,18 @@ struct OwnedBatch {
     positions: Vec<u32>,
     slots: Vec<u32>,
     attn: Vec<(Vec<u32>, usize)>,
+    exact_rows: Vec<(u32, u32)>,
 }
 
 impl OwnedBatch {
     fn of(b: &StepBatch<'_>) -> Self {
-        OwnedBatch { tokens: b.tokens.to_vec(), positions: b.positions.to_vec(), slots: b.slots.to_vec(), attn: b.attn.iter().map(|r| (r.block_table.to_vec(), r.ctx_len)).collect() }
+        OwnedBatch {
+            tokens: b.tokens.to_vec(),
+            positions: b.positions.to_vec(),
+            slots: b.slots.to_vec(),
+            attn: b.attn.iter().map(|r| (r.block_table.to_vec(), r.ctx_len)).collect(),
+            exact_rows: b.exact_rows.to_vec(),
+        }
     }
 }
 
@@ -98,7 +105,7 @@ fn follow<B: Backend>(lm: LoadedModel<B>, rx: Receiver<Msg>) {
             }
             Msg::Step(b) => {
                 let attn: Vec<AttnRow<'_>> = b.attn.iter().map(|(t, n)| AttnRow { block_table: t, ctx_len: *n }).collect();
-                let batch = StepBatch { tokens: &b.tokens, positions: &b.positions, slots: &b.slots, attn: &attn };
+                let batch = StepBatch { tokens: &b.tokens, positions: &b.positions, slots: &b.slots, attn: &attn, exact_rows: &b.exact_rows };
                 let r = match pool.as_mut() {
                     Some(p) => m.forward_hidden(p, &batch).map(drop).map_err(|e| e.to_string()),
                     None => Err("a step before the pool was allocated".to_string()),

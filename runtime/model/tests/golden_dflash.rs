@@ -37,7 +37,7 @@ fn block_logprobs(lm: &LoadedModel<CpuBackend>, d: &DFlashModel<CpuBackend>, ids
     // The target over the committed positions 0..start; its captured layers follow its output.
     let mut pool = be.alloc_kv_pool(m.kv_layout(1, page)).unwrap();
     let attn: Vec<AttnRow> = (0..start).map(|p| AttnRow { block_table: &table, ctx_len: p + 1 }).collect();
-    let hidden = m.forward_hidden(&mut pool, &StepBatch { tokens: &ids[..start], positions: &pos[..start], slots: &pos[..start], attn: &attn }).unwrap();
+    let hidden = m.forward_hidden(&mut pool, &StepBatch { tokens: &ids[..start], positions: &pos[..start], slots: &pos[..start], attn: &attn, exact_rows: &[] }).unwrap();
     assert_eq!(hidden.len(), start * h * (1 + d.cfg.target_layer_ids.len()));
     let mut dpool = be.alloc_kv_pool(d.kv_layout(1, page)).unwrap();
     let mut bounds = vec![0];

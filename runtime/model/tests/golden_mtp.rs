@@ -32,7 +32,7 @@ fn mtp_logprobs(lm: &LoadedModel<CpuBackend>, ids: &[u32], cuts: &[usize]) -> Ve
     let positions: Vec<u32> = (0..n as u32).collect();
     let mut pool = be.alloc_kv_pool(m.kv_layout(1, page)).unwrap();
     let attn: Vec<AttnRow> = (0..n).map(|p| AttnRow { block_table: &table, ctx_len: p + 1 }).collect();
-    let hidden = m.forward_hidden(&mut pool, &StepBatch { tokens: ids, positions: &positions, slots: &positions, attn: &attn }).unwrap();
+    let hidden = m.forward_hidden(&mut pool, &StepBatch { tokens: ids, positions: &positions, slots: &positions, attn: &attn, exact_rows: &[] }).unwrap();
     let mut mtp_pool = be.alloc_kv_pool(m.mtp_kv_layout(1, page)).unwrap();
     let mut bounds = vec![0];
     bounds.extend(cuts.iter().copied().filter(|&c| c > 0 && c < n - 1));
@@ -41,7 +41,7 @@ fn mtp_logprobs(lm: &LoadedModel<CpuBackend>, ids: &[u32], cuts: &[usize]) -> Ve
     for w in bounds.windows(2) {
         let (a, b) = (w[0], w[1]);
         let prev = be.gather_rows(&hidden, h, &positions[a..b]).unwrap();
-        let batch = StepBatch { tokens: &ids[a + 1..b + 1], positions: &positions[a..b], slots: &positions[a..b], attn: &attn[a..b] };
+        let batch = StepBatch { tokens: &ids[a + 1..b + 1], positions: &positions[a..b], slots: &positions[a..b], attn: &attn[a..b], exact_rows: &[] };
         let g = m.mtp_forward(0, &mut mtp_pool, &batch, &prev).unwrap();
         let logits = be.download(&m.mtp_logits(0, &g).unwrap()).unwrap();
         out.extend(logits.chunks(m.cfg.vocab_size).map(log_softmax));

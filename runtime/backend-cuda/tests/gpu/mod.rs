@@ -83,8 +83,9 @@ pub fn check(op: &str, a: &[f32], b: &[f32], tol: f32) {
     assert!(e <= tol, "{op}: relative error {e} above {tol}");
 }
 
-// cuBLAS GEMMs take activations as two bf16 parts (`gemm_split`, on by default): f32-accumulation
-// distance from the CPU; one bf16 part measured ~2e-3.
+// cuBLAS GEMMs take activations as two bf16 parts (`gemm_split`, on by default; outside a step
+// every row, inside one all but prompt rows of long runs): f32-accumulation distance from the CPU;
+// one bf16 part measured ~2e-3.
 pub const GEMM_TOL: f32 = 1e-4;
 // fp8 weights for cuBLAS are first copied to bf16 (code × block scale, rounded): the weights, not
 // the activations, then carry ~2^-9 relative error (measured 1.8e-3 at 40 rows). Only batches
@@ -106,4 +107,11 @@ pub fn rows_tol(m: usize, fp8: bool) -> f32 {
     } else {
         GEMM_TOL
     }
+}
+
+/// `rel_err` of rows `rows` (each `width` wide) against the whole reference's largest value.
+pub fn rows_err(op: &str, a: &[f32], b: &[f32], width: usize, rows: std::ops::Range<usize>) -> f32 {
+    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-20);
+    let r = rows.start * width..rows.end * width;
+    rel_err(op, &a[r.clone()], &b[r.clone()]) * b[r].iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-20) / scale
 }
