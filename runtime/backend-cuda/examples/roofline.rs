@@ -175,7 +175,8 @@ fn main() {
     let mut be = CudaBackend::new(0).expect("a CUDA device");
     let name = be.device_name.clone();
     // The GEMM ceiling is the hardware's one-pass bf16 rate; the engine's GEMMs then run with
-    // the backend's setting (`WEFT_CUDA_GEMM_SPLIT`, two passes by default).
+    // the backend's settings (`WEFT_CUDA_GEMM_SPLIT`: two passes for decode rows by default;
+    // `WEFT_CUDA_PREFILL_PARTS`: one for prompt rows of long runs by default).
     let split = std::mem::replace(&mut be.gemm_split, false);
 
     // Ceilings: copy bandwidth (read + write) and bf16 GEMM rate through `linear`.
@@ -194,10 +195,11 @@ fn main() {
     drop((w, x));
     be.gemm_split = split;
     println!(
-        "GPU: {name}; measured copy bandwidth {:.0} GB/s; bf16 GEMM (8192³ through `linear`, one pass, incl. activation cast) {:.0} TFLOP/s; engine GEMMs in {} pass(es)",
+        "GPU: {name}; measured copy bandwidth {:.0} GB/s; bf16 GEMM (8192³ through `linear`, one pass, incl. activation cast) {:.0} TFLOP/s; engine GEMMs in {} pass(es) for decode rows, {} for prompt runs",
         copy_bw / 1e9,
         gemm_rate / 1e12,
-        if split { 2 } else { 1 }
+        if split { 2 } else { 1 },
+        if split { be.prefill_parts } else { 1 }
     );
 
     let demo = PathBuf::from(std::env::var("WEFT_DEMO_MODEL").unwrap_or_else(|_| "models/demo".into()));
