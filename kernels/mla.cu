@@ -249,8 +249,8 @@ extern "C" __global__ void mla_q_split(const float* __restrict__ q_lat, const fl
 // (block = position · heads + head): the head's non-positional key k_nope [t][heads][nope] (f32,
 // from the decompression GEMMs) split, then the position's rotary key, shared by every head,
 // copied from the gathered context parts (columns lat.. of c_hi / c_lo, [t][w]; has_lo = 0: a
-// bf16 cache, whose second part is zero).
-extern "C" __global__ void mla_k_split(const float* __restrict__ k_nope, const u16* __restrict__ c_hi, const u16* __restrict__ c_lo, int has_lo, u16* hi, u16* lo, u32 heads, u32 nope, u32 lat, u32 rd, u32 w) { WEFT_PDL_ENTRY();
+// bf16 cache, whose second part is zero). lo_out = 0: the first part alone (lo is not written).
+extern "C" __global__ void mla_k_split(const float* __restrict__ k_nope, const u16* __restrict__ c_hi, const u16* __restrict__ c_lo, int has_lo, u16* hi, u16* lo, u32 heads, u32 nope, u32 lat, u32 rd, u32 w, int lo_out) { WEFT_PDL_ENTRY();
     const i64 th = blockIdx.x, t = th / heads;
     const u32 kw = nope + rd;
     for (u32 d = threadIdx.x; d < kw; d += blockDim.x) {
@@ -264,14 +264,14 @@ extern "C" __global__ void mla_k_split(const float* __restrict__ k_nope, const u
             l = has_lo ? c_lo[t * w + lat + d - nope] : (u16)0;
         }
         hi[th * kw + d] = h;
-        lo[th * kw + d] = l;
+        if (lo_out) lo[th * kw + d] = l;
     }
 }
 
 // Softmax of one (head, row) of scores s [heads][rows][t] (block blockIdx.x = head·rows + row):
 // row i sees the first ctx0 + i + 1 positions (causal within the run), the rest get weight 0;
-// the weights go out as two bf16 parts.
-extern "C" __global__ void mla_softmax_split(const float* __restrict__ s, u16* phi, u16* plo, u32 rows, u32 t, u32 ctx0, float scale) { WEFT_PDL_ENTRY();
+// the weights go out as two bf16 parts (the second only with lo_out).
+extern "C" __global__ void mla_softmax_split(const float* __restrict__ s, u16* phi, u16* plo, u32 rows, u32 t, u32 ctx0, float scale, int lo_out) { WEFT_PDL_ENTRY();
     __shared__ float sh[1024];
     const i64 o = (i64)blockIdx.x * t;
     const u32 len = min(ctx0 + blockIdx.x % rows + 1, t);
@@ -285,7 +285,7 @@ extern "C" __global__ void mla_softmax_split(const float* __restrict__ s, u16* p
         float p = j < len ? expf(s[o + j] * scale - mx) * inv : 0.f;
         u16 h = f32_to_bf16(p);
         phi[o + j] = h;
-        plo[o + j] = f32_to_bf16(p - bf16_to_f32(h));
+        if (lo_out) plo[o + j] = f32_to_bf16(p - bf16_to_f32(h));
     }
 }
 

@@ -383,8 +383,8 @@ pub struct CudaBackend {
     /// per-head up-projections are bf16 and the decompressed context fits `mla_decompress_bytes`
     /// (`WEFT_CUDA_MLA_DECOMPRESS=0`: absorbed, for comparisons).
     pub mla_decompress: bool,
-    /// Bytes the decompressed keys and values (bf16 parts) of one run may take (4 GiB: ~210k
-    /// tokens of context at 16 heads).
+    /// Bytes the decompressed keys and values (bf16 parts) of one run may take (4 GiB: ~420k
+    /// tokens of context at 16 heads in one part, the prompt rows' default; ~210k in two).
     pub mla_decompress_bytes: usize,
     /// Bytes of f32 products one block of keys may take while they are decompressed (256 MiB).
     pub mla_decompress_block_bytes: usize,

@@ -145,12 +145,14 @@ impl CudaBackend {
             for (i, (a, b)) in products(keys, queries).into_iter().enumerate() {
                 self.gemm_bf16(Gemm { ta: true, m: t, n: r, k: kw, a: (a, keys.ld, keys.head), b: (b + q0, queries.ld, queries.head), c: (ps, t, (r * t) as i64), batch: heads, accumulate: i > 0 })?;
             }
-            let mut p = self.alloc::<u16>(2 * heads * r * t)?;
+            // The weights' second part only for a two-part tile (one spare element otherwise).
+            let np = heads * r * t;
+            let mut p = self.alloc::<u16>(np + if one { 1 } else { np })?;
             {
-                let (mut hi, mut lo) = p.split_at_mut(heads * r * t);
-                let (r32, t32, c32) = (r as u32, t as u32, (ctx0 + i0) as u32);
+                let (mut hi, mut lo) = p.split_at_mut(np);
+                let (r32, t32, c32, lo_out) = (r as u32, t as u32, (ctx0 + i0) as u32, (!one) as i32);
                 let mut b = self.stream.launch_builder(self.func("mla_softmax_split"));
-                b.arg(&s).arg(&mut hi).arg(&mut lo).arg(&r32).arg(&t32).arg(&c32).arg(&scale);
+                b.arg(&s).arg(&mut hi).arg(&mut lo).arg(&r32).arg(&t32).arg(&c32).arg(&scale).arg(&lo_out);
                 unsafe { b.launch(cfg(heads * r, 0)) }.map_err(dev)?;
             }
             let (pp, _gp) = p.device_ptr(&self.stream);
@@ -217,13 +219,16 @@ impl CudaBackend {
         let (puk, _guk) = w_uk_t.data.device_ptr(&self.stream);
         let (puv, _guv) = w_uv.data.device_ptr(&self.stream);
         // Keys as parts [total][heads][nope + rd], values as parts [total][heads][v], made in
-        // blocks of keys so the f32 products stay within `mla_decompress_block_bytes`.
-        let mut k = self.alloc::<u16>(2 * total * heads * kw)?;
-        let mut vp = self.alloc::<u16>(2 * total * heads * v)?;
+        // blocks of keys so the f32 products stay within `mla_decompress_block_bytes`; the
+        // second parts only where some row takes two (one spare element otherwise).
+        let two = split < run.len;
+        let (kn, vn) = (total * heads * kw, total * heads * v);
+        let mut k = self.alloc::<u16>(kn + if two { kn } else { 1 })?;
+        let mut vp = self.alloc::<u16>(vn + if two { vn } else { 1 })?;
         let block = (self.mla_decompress_block_bytes / (4 * heads * (nope + v))).clamp(1, total);
         let mut k_nope = self.alloc::<f32>(block * heads * nope)?;
         let mut vals = self.alloc::<f32>(block * heads * v)?;
-        let (h32, n32, lat32, rd32, w32, has_lo) = (heads as u32, nope as u32, lat as u32, rd as u32, w as u32, ctx.lo as i32);
+        let (h32, n32, lat32, rd32, w32, has_lo, lo_out) = (heads as u32, nope as u32, lat as u32, rd as u32, w as u32, ctx.lo as i32, two as i32);
         for k0 in (0..total).step_by(block) {
             let nk = block.min(total - k0);
             // k_nope [nk][heads][nope] = c · W_UK,hᵀ per head, v [nk][heads][v] = c · W_UV,hᵀ:
@@ -238,18 +243,24 @@ impl CudaBackend {
                 }
             }
             // k_nope split and the shared rotary key copied; the values split.
-            let (mut hi, mut lo) = k.split_at_mut(total * heads * kw);
-            let (mut hi, mut lo) = (hi.slice_mut(k0 * heads * kw..(k0 + nk) * heads * kw), lo.slice_mut(k0 * heads * kw..(k0 + nk) * heads * kw));
+            let (mut hi, mut lo) = k.split_at_mut(kn);
+            let block_lo = if two { k0 * heads * kw..(k0 + nk) * heads * kw } else { 0..1 };
+            let (mut hi, mut lo) = (hi.slice_mut(k0 * heads * kw..(k0 + nk) * heads * kw), lo.slice_mut(block_lo));
             let c_hi = ctx.c.slice(k0 * w..(k0 + nk) * w);
             let c_lo = if ctx.lo { ctx.c.slice((total + k0) * w..(total + k0 + nk) * w) } else { ctx.c.slice(k0 * w..(k0 + nk) * w) };
             let mut b = self.stream.launch_builder(self.func("mla_k_split"));
-            b.arg(&k_nope).arg(&c_hi).arg(&c_lo).arg(&has_lo).arg(&mut hi).arg(&mut lo).arg(&h32).arg(&n32).arg(&lat32).arg(&rd32).arg(&w32);
+            b.arg(&k_nope).arg(&c_hi).arg(&c_lo).arg(&has_lo).arg(&mut hi).arg(&mut lo).arg(&h32).arg(&n32).arg(&lat32).arg(&rd32).arg(&w32).arg(&lo_out);
             unsafe { b.launch(cfg(nk * heads, 0)) }.map_err(dev)?;
-            let (mut vhi, mut vlo) = vp.split_at_mut(total * heads * v);
-            let (mut vhi, mut vlo) = (vhi.slice_mut(k0 * heads * v..(k0 + nk) * heads * v), vlo.slice_mut(k0 * heads * v..(k0 + nk) * heads * v));
+            let (mut vhi, mut vlo) = vp.split_at_mut(vn);
+            let mut vhi = vhi.slice_mut(k0 * heads * v..(k0 + nk) * heads * v);
             let n64 = (nk * heads * v) as i64;
-            let mut b = self.stream.launch_builder(self.func("cast_f32_bf16_split"));
-            b.arg(&vals).arg(&mut vhi).arg(&mut vlo).arg(&n64);
+            let mut b = self.stream.launch_builder(self.func(if two { "cast_f32_bf16_split" } else { "cast_f32_bf16" }));
+            b.arg(&vals).arg(&mut vhi);
+            let mut vlo = two.then(|| vlo.slice_mut(k0 * heads * v..(k0 + nk) * heads * v));
+            if let Some(vlo) = vlo.as_mut() {
+                b.arg(vlo);
+            }
+            b.arg(&n64);
             unsafe { b.launch(crate::ops::flat(nk * heads * v)) }.map_err(dev)?;
         }
         drop((k_nope, vals));
@@ -259,8 +270,8 @@ impl CudaBackend {
         let (pvp, _gvp) = vp.device_ptr(&self.stream);
         let (pq, _gq) = q.device_ptr(&self.stream);
         let (po, _go) = out.device_ptr_mut(&self.stream);
-        let keys = Parts { hi: pk, lo: Some(pk + (total * heads * kw * 2) as u64), ld: heads * kw, head: kw as i64 };
-        let values = Parts { hi: pvp, lo: Some(pvp + (total * heads * v * 2) as u64), ld: heads * v, head: v as i64 };
+        let keys = Parts { hi: pk, lo: two.then_some(pk + (kn * 2) as u64), ld: heads * kw, head: kw as i64 };
+        let values = Parts { hi: pvp, lo: two.then_some(pvp + (vn * 2) as u64), ld: heads * v, head: v as i64 };
         let queries = Parts { hi: pq, lo: Some(pq + (rh * kw * 2) as u64), ld: heads * kw, head: kw as i64 };
         let out = Parts { hi: po + (run.start * heads * v * 4) as u64, lo: None, ld: heads * v, head: v as i64 };
         self.attend(keys, kw, queries, values, v, out, heads, ctx.ctx0, (run.len, split), scale)
@@ -378,8 +389,11 @@ impl CudaBackend {
         let runs = self.mla_gemm_runs(rows);
         let l = pool.layout;
         let (nope, v) = (w_uk_t.cols, w_uv.rows / heads);
-        // Keys and values in two parts (the f32 products are made in blocks of keys).
-        let bytes = |r: &Run| (rows[r.start].ctx_len - 1 + r.len) * heads * (4 * (nope + l.rope_dim) + 4 * v);
+        // Keys and values in one or two bf16 parts (the f32 products are made in blocks of keys).
+        let bytes = |r: &Run| {
+            let parts = if self.run_precise_tail(rows.len(), *r) > 0 { 2 } else { 1 };
+            (rows[r.start].ctx_len - 1 + r.len) * heads * parts * 2 * (nope + l.rope_dim + v)
+        };
         if runs.is_empty() || runs.iter().any(|r| bytes(r) > self.mla_decompress_bytes) {
             return Ok(None);
         }
