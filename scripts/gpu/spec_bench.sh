@@ -66,6 +66,8 @@ import json, sys, urllib.request, random
 model, mode, out = sys.argv[1:]
 rng = random.Random(7)
 prompts = ["one two three one two three one two", "Love is", "The quick brown fox jumps over the lazy dog. The quick brown fox", "Q: What is the meaning of life?\nA:"]
+# Past 64 tokens: a prompt run that takes one bf16 part on CUDA, its drafts marked exact rows.
+prompts.append("Once upon a time there was a little cat who lived in a small house by the river. " * 6)
 if model in ("moon", "kimi"):
     block = [rng.randrange(100, 160000) for _ in range(16)]
     prompts = [block * 4, [rng.randrange(100, 160000) for _ in range(64)], block * 2 + [5, 6, 7]]
