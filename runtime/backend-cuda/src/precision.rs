@@ -14,7 +14,7 @@
 //! `run_step` records the step's rows and its precise row ranges: every row outside a long run
 //! plus the step's `exact_rows` (drafts scored in a prompt chunk's pass). A GEMM over the
 //! step's rows in step order multiplies the second part only over those ranges (`lo_ranges`);
-//! the grouped expert GEMM decides per 64-row tile from per-token flags (`moe_token_flags`);
+//! the grouped expert GEMM decides per 64-row tile from per-token flags (`moe_token_parts`);
 //! attention over a run takes one part for its rows before the run's precise tail
 //! (`run_precise_tail`). Outside `run_step` (op tests, tools) and while a step is recorded as a
 //! graph, every row takes two parts.
