@@ -128,11 +128,8 @@ impl CudaBackend {
         let tile = self.query_tile(heads, total, len);
         let mut i0 = 0;
         while i0 < len {
-            let mut r = tile.min(len - i0);
-            if i0 < split {
-                r = r.min(split - i0);
-            }
             let one = i0 < split;
+            let r = tile.min(if one { split } else { len } - i0);
             let [keys, queries, values] = [keys, queries, values].map(|p| if one { Parts { lo: None, ..p } } else { p });
             let t = ctx0 + i0 + r; // context the tile's last row sees
             let mut s = self.alloc::<f32>(heads * r * t)?;

@@ -122,21 +122,17 @@ impl CudaBackend {
     }
 
     /// x as bf16 (`gemm_split`: its rounding, then the rounding's error — `2n` values; with
-    /// `lo` false the second part is left unwritten: no row takes it, `precision.rs`).
+    /// `lo` false the rounding alone, `n` values: no row takes the second part, `precision.rs`).
     pub(crate) fn to_bf16_parts(&self, x: &CudaSlice<f32>, n: usize, lo: bool) -> Result<CudaSlice<u16>> {
-        if !self.gemm_split {
+        if !self.gemm_split || !lo {
             return self.to_bf16(x, n);
         }
         let mut y = self.alloc::<u16>(2 * n.max(1))?;
         let n64 = n as i64;
         {
-            let (mut hi, mut lo_part) = y.split_at_mut(n.max(1));
-            let mut l = self.stream.launch_builder(self.func(if lo { "cast_f32_bf16_split" } else { "cast_f32_bf16" }));
-            l.arg(x).arg(&mut hi);
-            if lo {
-                l.arg(&mut lo_part);
-            }
-            l.arg(&n64);
+            let (mut hi, mut lo) = y.split_at_mut(n.max(1));
+            let mut l = self.stream.launch_builder(self.func("cast_f32_bf16_split"));
+            l.arg(x).arg(&mut hi).arg(&mut lo).arg(&n64);
             unsafe { l.launch(flat(n)) }.map_err(dev)?;
         }
         Ok(y)
