@@ -27,10 +27,11 @@
 #else
 #define MG_BK 32
 #endif
-// Activation parts: two (f32-grade) for tiles holding a token the step computes precisely (its
+// Activation parts: two (f32-grade) for the rows of tokens the step computes precisely (its
 // decode and verification rows, runtime/backend-cuda/src/precision.rs), else the bf16 rounding
-// alone (prompt rows: as PyTorch's bf16 grouped_mm, half the products, ~1e-3 from
-// f32). WEFT_MG_ONE_PART takes one part for every tile (a variant for measurements).
+// alone (prompt rows: as PyTorch's bf16 grouped_mm, ~1e-3 from f32). A tile without such a
+// token runs the one-part body (half the products); in a tile with one, the other rows' second
+// part is zeros, so a prompt row's bits do not depend on the tokens it shares a tile with. WEFT_MG_ONE_PART takes one part for every tile (a variant for measurements).
 #ifdef WEFT_MG_ONE_PART
 #define MG_PARTS 1
 #else
@@ -105,8 +106,11 @@ __device__ __forceinline__ void fp8x16_to_bf16(uint4 v, uint4& lo, uint4& hi) {
 // x: f32 activations (gate|up: token rows, gathered by entry; down: h, plan rows), or with
 // cp.async the two bf16 parts of each plan row ([plan row][2 · cols]: hi, then lo). out: gate|up
 // h (f32 [plan row][inter], or bf16 parts [plan row][2 · inter] with cp.async), down y.
+// Two-part tiles (PARTS 2) multiply the second part of flagged tokens' rows only (flags, ek,
+// mode as mg_tile_two_parts): the other rows' second part is staged as zeros, adding exact
+// zeros to their sums, so a one-part row's result is the same bits in any tile.
 template <int FP8, int GATED, int PARTS>
-__device__ void moe_gemm_body(ExpertTable T, const u32* plan, u32 maxa, u32 n, const void* x_, void* out_, u32 k, u32 rows, u32 cols, u32 inter) {
+__device__ void moe_gemm_body(ExpertTable T, const u32* plan, u32 maxa, u32 n, const void* x_, void* out_, u32 k, u32 rows, u32 cols, u32 inter, const u32* flags, u32 ek, u32 mode) {
     constexpr bool ASYNC = MG_ASYNC && !FP8;
     const float* x = (const float*)x_;
     float* out = (float*)out_;
@@ -136,11 +140,15 @@ __device__ void moe_gemm_body(ExpertTable T, const u32* plan, u32 maxa, u32 n, c
     // tid / MG_XQ + j · 128 / MG_XQ, columns 4 · (tid % MG_XQ)) and WL 16-byte pieces of weight
     // rows (likewise by WQ); the cp.async path copies the same weight pieces.
     constexpr int XL = MG_BM * MG_XQ / MG_THREADS, WQ = FP8 ? MG_FQ : MG_WQ, WL = MG_BN * WQ / MG_THREADS;
+    // Whether plan row i takes its second part.
+    auto lo_row = [&](u32 i) -> bool { return PARTS == 2 && (mode != 2 || flags[ent[i] / ek] != 0); };
     const float* xp[XL];
+    bool xk[XL];
 #pragma unroll
     for (int j = 0; j < XL; j++) {
         u32 i = i0 + tid / MG_XQ + (MG_THREADS / MG_XQ) * j;
         xp[j] = !ASYNC && i < i1 ? x + (i64)(GATED ? ent[i] / k : i) * cols + 4 * (tid % MG_XQ) : nullptr;
+        xk[j] = !ASYNC && i < i1 && lo_row(i);
     }
     const unsigned char* wp[WL];
 #pragma unroll
@@ -164,7 +172,7 @@ __device__ void moe_gemm_body(ExpertTable T, const u32* plan, u32 maxa, u32 n, c
             uint2 h, l;
             split_bf16x4(xv[j], h, l);
             *(uint2*)(st + MG_XH + row * MG_LD + c) = h;
-            if (PARTS == 2) *(uint2*)(st + MG_XL + row * MG_LD + c) = l;
+            if (PARTS == 2) *(uint2*)(st + MG_XL + row * MG_LD + c) = xk[j] ? l : uint2{0u, 0u};
         }
 #pragma unroll
         for (int j = 0; j < WL; j++) {
@@ -247,7 +255,7 @@ __device__ void moe_gemm_body(ExpertTable T, const u32* plan, u32 maxa, u32 n, c
         for (int j = 0; j < XC; j++) {
             u32 q = tid + MG_THREADS * j, part = q / (MG_BM * MG_WQ), rr = (q / MG_WQ) % MG_BM, c = q % MG_WQ;
             u32 i = i0 + rr;
-            xq[j] = i < i1 ? xs + (i64)i * 2 * cols + part * cols + 8 * c : nullptr;
+            xq[j] = i < i1 && (part == 0 || lo_row(i)) ? xs + (i64)i * 2 * cols + part * cols + 8 * c : nullptr;  // else zeros
             xd[j] = (part ? MG_XL : MG_XH) + rr * MG_LD + 8 * c;
         }
         auto issue = [&](u32 kt) {
@@ -345,8 +353,8 @@ __device__ __forceinline__ bool mg_tile_two_parts(const u32* plan, u32 maxa, u32
 
 template <int FP8, int GATED>
 __device__ __forceinline__ void moe_gemm_tile(ExpertTable T, const u32* plan, u32 maxa, u32 n, const void* x, void* out, u32 k, u32 rows, u32 cols, u32 inter, u32 ek, const u32* flags, u32 mode) {
-    if (mg_tile_two_parts(plan, maxa, n, ek, flags, mode)) moe_gemm_body<FP8, GATED, 2>(T, plan, maxa, n, x, out, k, rows, cols, inter);
-    else moe_gemm_body<FP8, GATED, 1>(T, plan, maxa, n, x, out, k, rows, cols, inter);
+    if (mg_tile_two_parts(plan, maxa, n, ek, flags, mode)) moe_gemm_body<FP8, GATED, 2>(T, plan, maxa, n, x, out, k, rows, cols, inter, flags, ek, mode);
+    else moe_gemm_body<FP8, GATED, 1>(T, plan, maxa, n, x, out, k, rows, cols, inter, flags, ek, mode);
 }
 
 // gate|up: x [tokens, hidden] → h [plan rows, inter]; grid (tile bound, inter / 64).

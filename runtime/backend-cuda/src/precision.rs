@@ -9,12 +9,16 @@
 //! compute-bound, where the second part doubles the tensor-core work; by default
 //! (`WEFT_CUDA_PREFILL_PARTS=1`) they take one part, as every bf16 serving engine computes
 //! (~1e-3 relative, the bf16 tolerance the GPU backends are held to).
-//! `WEFT_CUDA_PREFILL_PARTS=2` keeps them f32-grade.
+//! `WEFT_CUDA_PREFILL_PARTS=2` keeps them f32-grade, as does `WEFT_CUDA_F32=1` (f32 weights:
+//! the reference-precision mode).
 //!
 //! `run_step` records the step's rows and its precise row ranges: every row outside a long run
-//! plus the step's `exact_rows` (drafts scored in a prompt chunk's pass). A GEMM over the
+//! plus the step's `exact_rows` (drafts scored in a prompt chunk's pass). The engine keeps
+//! drafts from lengthening a chunk to a long run (`Backend::prompt_run_rows`), so a prompt's
+//! rows take the same parts with and without speculation. A GEMM over the
 //! step's rows in step order multiplies the second part only over those ranges (`lo_ranges`);
-//! the grouped expert GEMM decides per 64-row tile from per-token flags (`moe_token_parts`);
+//! the grouped expert GEMM multiplies it for flagged tokens' rows (`moe_token_parts`; a tile
+//! without one runs one part, and a prompt row's bits do not depend on what shares its tile);
 //! attention over a run takes one part for its rows before the run's precise tail
 //! (`run_precise_tail`). Outside `run_step` (op tests, tools) and while a step is recorded as a
 //! graph, every row takes two parts.
@@ -110,7 +114,7 @@ impl CudaBackend {
     /// Marks `step` as the step being run until the guard drops.
     pub(crate) fn begin_step_precision(&self, step: &StepBatch<'_>) -> StepGuard<'_> {
         let m = step.attn.len();
-        let ranges = if self.prefill_parts >= 2 || !self.gemm_split || m == 0 { vec![(0, m)] } else { precise_ranges(step, self.prefill_run_rows) };
+        let ranges = if self.prefill_parts >= 2 || self.all_f32 || !self.gemm_split || m == 0 { vec![(0, m)] } else { precise_ranges(step, self.prefill_run_rows) };
         *self.step_precision.0.lock().unwrap() = State { rows: m, ranges, flags: None };
         StepGuard(&self.step_precision)
     }

@@ -139,13 +139,13 @@ fn moe_block_shared_chunks_match_cpu() {
                 let (xg, lg, bg) = (g.upload(&x).unwrap(), g.upload(&logits).unwrap(), g.upload(&bias).unwrap());
                 let want = c.moe_block(&x, &logits, &bias, &cfg, &ec[first..first + held], first, &sc).unwrap();
                 for fused in [true, false] {
-                    g.moe_shared_fused = fused;
+                    g.moe_shared_fused = if fused { usize::MAX } else { 0 };
                     let got = g.download(&g.moe_block(&xg, &lg, &bg, &cfg, &eg[first..first + held], first, &sg).unwrap()).unwrap();
                     check(&format!("moe_block fp8={fp8} m={m} mma={mma} experts {first}..{} + {chunks} shared, fused={fused}", first + held), &got, &want, tol);
                 }
             }
         }
-        (g.mma, g.moe_shared_fused) = (has_mma, true);
+        (g.mma, g.moe_shared_fused) = (has_mma, usize::MAX);
     }
 }
 
@@ -218,6 +218,7 @@ fn prompt_rows_take_one_part_inside_a_step() {
     rows.extend((1..=296).map(|n| AttnRow { block_table: &tables[4], ctx_len: n }));
     let zeros = vec![0u32; m];
     let mut pool = g.alloc_kv_pool(KvLayout { layers: 1, num_pages: 8, page_size: 64, latent_dim: 512, rope_dim: 64, dtype: KvDtype::Bf16 }).unwrap();
+    let mut alone: Option<(Vec<f32>, Vec<f32>)> = None; // one part, no exact rows
     for (parts, exact) in [(1, &[][..]), (1, &[(296u32, 300u32)][..]), (2, &[][..])] {
         g.prefill_parts = parts;
         let step = StepBatch { tokens: &zeros, positions: &zeros, slots: &zeros, attn: &rows, exact_rows: exact };
@@ -235,6 +236,14 @@ fn prompt_rows_take_one_part_inside_a_step() {
         assert!(dec.iter().chain(&tail).all(|&x| x <= MMA_TOL), "decode and exact rows must stay f32-grade");
         if parts == 1 {
             assert!(run.iter().all(|&x| x > MMA_TOL && x < 1e-2), "the run's rows take one bf16 part: {run:?}");
+            // Exact rows change no other row's bits, also where they share an expert's tile.
+            match &alone {
+                None => alone = Some((lin.clone(), moe.clone())),
+                Some((l, o)) => {
+                    let same = |a: &[f32], b: &[f32], w: usize| (4..296).filter(|&i| a[i * w..(i + 1) * w] != b[i * w..(i + 1) * w]).count();
+                    assert_eq!((same(&lin, l, 512), same(&moe, o, hidden)), (0, 0), "prompt rows whose bits changed with exact rows after them (linear, moe)");
+                }
+            }
         } else {
             assert!(run.iter().all(|&x| x <= MMA_TOL), "every row f32-grade: {run:?}");
         }
