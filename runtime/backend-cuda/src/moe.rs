@@ -183,11 +183,11 @@ impl CudaBackend {
     }
 
     /// Whether the shared experts' chunks run with the routed experts on the device for `m`
-    /// tokens (`moe_shared_fused`): the device path takes the batch with the weight-streaming
+    /// tokens (at most `moe_shared_fused`): the device path takes the batch with the weight-streaming
     /// kernels (the grouped GEMM leaves them to cuBLAS, which multiplies every token by them
     /// faster), and each chunk is shaped and stored as the routed experts are.
     pub(crate) fn moe_fuses_shared(&self, cfg: &RouterConfig, experts: &[ExpertWeights<CudaMatrix>], shared: &[ExpertWeights<CudaMatrix>], m: usize) -> bool {
-        self.moe_shared_fused
+        m <= self.moe_shared_fused
             && !experts.is_empty()
             && !shared.is_empty()
             && experts.len() + shared.len() <= MAX_EXPERTS

@@ -392,7 +392,7 @@ fn moe_block_runs_shared_chunks_with_the_routed_experts() {
                 let want = c.moe_block(&x, &logits, &bias, &cfg, &ec[first..first + held], first, &sc).unwrap();
                 let mut outs = vec![];
                 for fused in [true, false] {
-                    g.moe_shared_fused = fused;
+                    g.moe_shared_fused = if fused { usize::MAX } else { 0 };
                     let got = g.download(&g.moe_block(&xg, &lg, &bg, &cfg, &eg[first..first + held], first, &sg).unwrap()).unwrap();
                     check(&format!("moe_block fp8={fp8} m={m} experts {first}..{} + 2 shared chunks, fused={fused}", first + held), &got, &want, tol);
                     outs.push(got);
@@ -400,7 +400,7 @@ fn moe_block_runs_shared_chunks_with_the_routed_experts() {
                 assert!(m == 70 || outs[0] != outs[1], "fused and apart rounded alike: the fused path was not taken");
                 // One chunk, as a DeepSeek-V3 / Kimi-K2 shared expert.
                 let want = c.moe_block(&x, &logits, &bias, &cfg, &ec[first..first + held], first, &sc[..1]).unwrap();
-                g.moe_shared_fused = true;
+                g.moe_shared_fused = usize::MAX;
                 let got = g.download(&g.moe_block(&xg, &lg, &bg, &cfg, &eg[first..first + held], first, &sg[..1]).unwrap()).unwrap();
                 check(&format!("moe_block fp8={fp8} m={m} experts {first}..{} + 1 shared chunk, fused", first + held), &got, &want, tol);
             }
