@@ -281,6 +281,10 @@ impl Backend for CudaBackend {
         self.run_step_graph(pool, step, out_len, run)
     }
 
+    fn prompt_run_rows(&self) -> Option<usize> {
+        (self.gemm_split && self.prefill_parts < 2 && !self.all_f32 && self.prefill_run_rows > 0).then_some(self.prefill_run_rows)
+    }
+
     fn step_recordings(&self) -> weft_backend::StepRecordings {
         let g = self.graph_stats();
         weft_backend::StepRecordings { recorded: g.recorded, replayed: g.replayed, failed: g.failed }

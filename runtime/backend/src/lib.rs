@@ -254,6 +254,15 @@ pub trait Backend: Send + Sync + 'static {
         StepRecordings::default()
     }
 
+    /// The fewest consecutive rows of one sequence in a step (a prefill chunk) that this
+    /// backend computes at prompt precision, coarser than decode rows' (`run_step`); `None`
+    /// when every row computes alike. A prompt's rows then round as the chunk they sit in does:
+    /// the engine keeps speculative drafts from lengthening a chunk to this size, so a prompt
+    /// computes the same with and without speculation.
+    fn prompt_run_rows(&self) -> Option<usize> {
+        None
+    }
+
     // ---- memory ----
     fn upload_matrix(&self, m: &HostMatrix<'_>) -> Result<Self::Matrix>;
     /// A `--load-format dummy` weight made in backend memory without a host copy; `None`

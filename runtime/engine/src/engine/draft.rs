@@ -16,6 +16,7 @@ impl<B: Backend> StepLoop<B> {
     pub(super) fn draft(&mut self) {
         let Some(cfg) = self.cfg.spec.clone() else { return };
         let max_ctx = self.lm.model.cfg.max_position_embeddings;
+        let prompt_rows = self.lm.model.backend.prompt_run_rows();
         let decoding = self.running.iter().filter(|s| s.tokens.len() - s.computed == 1).count();
         let too_busy = cfg.max_batch > 0 && decoding > cfg.max_batch;
         let mut wanted: Vec<(usize, usize)> = vec![]; // (running index, k) for the draft model or MTP
@@ -30,7 +31,11 @@ impl<B: Backend> StepLoop<B> {
                 continue;
             }
             let room = (s.req.max_tokens.saturating_sub(s.generated() + 1)).min(max_ctx.saturating_sub(s.tokens.len() + 1));
-            let k = s.spec.draft_len(&cfg).min(room);
+            // The input and its drafts stay under the backend's prompt-precision runs: a prompt
+            // chunk of that size computes as it would without drafts (none), a shorter one
+            // stays short.
+            let input = s.tokens.len() - s.computed;
+            let k = s.spec.draft_len(&cfg).min(room).min(prompt_rows.map_or(usize::MAX, |r| r.saturating_sub(input + 1)));
             s.spec.drafts = match cfg.drafter {
                 spec::DrafterKind::Ngram { min_n, max_n } => spec::ngram_draft(&s.tokens, min_n, max_n, k),
                 spec::DrafterKind::Oracle { .. } => vec![*s.tokens.last().unwrap_or(&0); k],
