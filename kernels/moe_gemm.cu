@@ -31,7 +31,8 @@
 // decode and verification rows, runtime/backend-cuda/src/precision.rs), else the bf16 rounding
 // alone (prompt rows: as PyTorch's bf16 grouped_mm, ~1e-3 from f32). A tile without such a
 // token runs the one-part body (half the products); in a tile with one, the other rows' second
-// part is zeros, so a prompt row's bits do not depend on the tokens it shares a tile with. WEFT_MG_ONE_PART takes one part for every tile (a variant for measurements).
+// part is zeros, so a prompt row's bits do not depend on the tokens it shares a tile with.
+// WEFT_MG_ONE_PART takes one part for every tile (a variant for measurements).
 #ifdef WEFT_MG_ONE_PART
 #define MG_PARTS 1
 #else

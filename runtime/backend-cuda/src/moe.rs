@@ -183,9 +183,9 @@ impl CudaBackend {
     }
 
     /// Whether the shared experts' chunks run with the routed experts on the device for `m`
-    /// tokens (at most `moe_shared_fused`): the device path takes the batch with the weight-streaming
-    /// kernels (the grouped GEMM leaves them to cuBLAS, which multiplies every token by them
-    /// faster), and each chunk is shaped and stored as the routed experts are.
+    /// tokens (at most `moe_shared_fused`): the device path takes the batch with the
+    /// weight-streaming kernels (the grouped GEMM leaves them to cuBLAS, which multiplies every
+    /// token by them faster), and each chunk is shaped and stored as the routed experts are.
     pub(crate) fn moe_fuses_shared(&self, cfg: &RouterConfig, experts: &[ExpertWeights<CudaMatrix>], shared: &[ExpertWeights<CudaMatrix>], m: usize) -> bool {
         m <= self.moe_shared_fused
             && !experts.is_empty()
