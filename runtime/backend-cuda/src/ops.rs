@@ -282,7 +282,7 @@ impl Backend for CudaBackend {
     }
 
     fn prompt_run_rows(&self) -> Option<usize> {
-        (self.gemm_split && self.prefill_parts < 2 && !self.all_f32 && self.prefill_run_rows > 0).then_some(self.prefill_run_rows)
+        self.one_part_run_rows()
     }
 
     fn step_recordings(&self) -> weft_backend::StepRecordings {

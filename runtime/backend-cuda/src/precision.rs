@@ -111,10 +111,19 @@ pub(crate) fn precise_ranges(step: &StepBatch<'_>, min: usize) -> Vec<(usize, us
 }
 
 impl CudaBackend {
+    /// The shortest run of prompt rows that takes one bf16 part, or `None` when every row takes
+    /// two (two-part prefill, reference precision, or no split weights).
+    pub(crate) fn one_part_run_rows(&self) -> Option<usize> {
+        (self.gemm_split && self.prefill_parts < 2 && !self.all_f32 && self.prefill_run_rows > 0).then_some(self.prefill_run_rows)
+    }
+
     /// Marks `step` as the step being run until the guard drops.
     pub(crate) fn begin_step_precision(&self, step: &StepBatch<'_>) -> StepGuard<'_> {
         let m = step.attn.len();
-        let ranges = if self.prefill_parts >= 2 || self.all_f32 || !self.gemm_split || m == 0 { vec![(0, m)] } else { precise_ranges(step, self.prefill_run_rows) };
+        let ranges = match self.one_part_run_rows() {
+            Some(min) if m > 0 => precise_ranges(step, min),
+            _ => vec![(0, m)],
+        };
         *self.step_precision.0.lock().unwrap() = State { rows: m, ranges, flags: None };
         StepGuard(&self.step_precision)
     }
