@@ -155,7 +155,7 @@ inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
 
 // Dynamic shared memory (WEFT_DYNAMIC_SHARED in a kernel points into this array): 256 KB.
-float emu_smem[1 << 16];
+alignas(1024) float emu_smem[1 << 16];
 
 // Sub-group width and the shuffle exchange: each lane posts its value, the sub-group meets at
 // its barrier, each lane reads its partner's. Two slot sets, used alternately: a lane can only
@@ -193,6 +193,33 @@ inline void emu_mma_bf16_16816(float (&d)[4], unsigned a0, unsigned a1, unsigned
         for (unsigned k = 0; k < 16; k++) acc += A(r, k) * B(k, n);
         d[i] = acc;
     }
+}
+
+// wgmma.mma_async m64n128k16 with A from registers (kernels/moe_wgmma.cu), per 32-lane warp:
+// the warp's lanes post their A fragments (its 16 rows, mma.sync's layout) and each lane computes
+// its 64 outputs (rows g, g + 8; columns 8j + 2t, 8j + 2t + 1) against B read through the
+// descriptor — here the address of a 1024-aligned K-major stage, 8-row groups 1024 bytes apart,
+// 128-byte rows whose 16-byte chunks sit at chunk ^ (row % 8), the hardware's 128-byte swizzle.
+inline void emu_wgmma_n128(float (&d)[64], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned long long desc) {
+    if (emu_warp != 32) { std::fprintf(stderr, "emulated wgmma needs 32-lane sub-groups\n"); std::abort(); }
+    unsigned t = threadIdx.x, base = t / 32 * 32, lane = t - base, g = lane / 4, q = lane % 4;
+    unsigned (*slots)[6] = emu_frag[emu_lane_turn[t]++ & 1];
+    const unsigned mine[6] = {a0, a1, a2, a3, 0u, 0u};
+    std::memcpy(slots[t], mine, sizeof mine);
+    emu_warp_barriers[t / emu_warp].wait();
+    auto A = [&](unsigned r, unsigned k) { return emu_bf16(slots[base + (r % 8) * 4 + (k % 8) / 2][(r >= 8) + 2 * (k >= 8)], k % 2); };
+    auto B = [&](unsigned k, unsigned n) {
+        uintptr_t a = (uintptr_t)desc + (n / 8) * 1024 + (n % 8) * 128 + 2 * k;
+        a ^= ((a >> 7) & 7) << 4;
+        return __uint_as_float((unsigned)*(const uint16_t*)a << 16);
+    };
+    for (unsigned j = 0; j < 16; j++)
+        for (unsigned i = 0; i < 4; i++) {
+            unsigned r = g + 8 * (i / 2), n = 8 * j + 2 * q + i % 2;
+            float acc = d[4 * j + i];
+            for (unsigned k = 0; k < 16; k++) acc += A(r, k) * B(k, n);
+            d[4 * j + i] = acc;
+        }
 }
 
 static const void* emu_ldsm_rows[2][1024];

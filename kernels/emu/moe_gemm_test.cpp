@@ -13,7 +13,9 @@
 // results of a step with no precise token, even in tiles shared with precise tokens).
 // Built with -DWEFT_MG_BK=64 it checks the 64-column-stage variant, with -DWEFT_MG_ONE_PART the
 // one-activation-part variant (against a looser bound), with -DWEFT_MG_ASYNC (and
-// -DWEFT_MG_STAGES=N) the cp.async variant's split pass and two-part operands.
+// -DWEFT_MG_STAGES=N) the cp.async variant's split pass and two-part operands, with
+// -DWEFT_MG_WG the bf16 experts through moe_wgmma.cu's kernels (wgmma emulated; hidden 320 and
+// intermediate 192, multiples of its 64-column stages; fp8 stays on moe_gemm.cu's).
 // Exit status: the number of failing cases.
 #include "emu.h"
 #include "../weft_port.h"
@@ -23,6 +25,7 @@
 #include "../moe.cu"
 #include "../mma.cu"
 #include "../moe_gemm.cu"
+#include "../moe_wgmma.cu"
 #include <cstring>
 #include <random>
 
@@ -38,7 +41,13 @@ int main() {
     std::uniform_real_distribution<float> U(-1, 1);
     emu_warp = 32;
     int fails = 0;
+#ifdef WEFT_MG_WG
+    const bool wg = true;
+    const unsigned E = 8, K = 3, M = 70, H = 5 * WG_BK, I = 3 * WG_BK;
+#else
+    const bool wg = false;
     const unsigned E = 8, K = 3, M = 70, H = 5 * MG_BK, I = 3 * MG_BK;  // 160 and 96 for 32-column stages
+#endif
     // Precise tokens: the first `pre` and the last `tail` (all: mode 1, none: mode 0, else flags).
     struct Case { bool fp8; unsigned first, held, S, pre, tail; };
     for (Case c : {Case{false, 0, E, 0, M, 0}, Case{true, 0, E, 0, M, 0}, Case{false, 2, 4, 0, M, 0}, Case{false, 0, E, 2, M, 0}, Case{true, 2, 4, 1, M, 0},
@@ -112,10 +121,12 @@ int main() {
             const void* gx = MG_ASYNC && !c.fp8 ? (const void*)xs.data() : (const void*)x.data();
             emu_launch(tiles, (I + 63) / 64, MG_THREADS, [&] {
                 if (c.fp8) moe_gemm_gate_up_fp8(tgu.data(), tgus.data(), scg, BR, BC, plan.data(), maxa, n, x.data(), h.data(), KS, H, I, flags.data(), md);
+                else if (wg) moe_wg_gate_up_bf16(tgu.data(), plan.data(), maxa, n, x.data(), h.data(), KS, H, I, flags.data(), md);
                 else moe_gemm_gate_up_bf16(tgu.data(), plan.data(), maxa, n, gx, h.data(), KS, H, I, flags.data(), md);
             });
             emu_launch(tiles, (H + 127) / 128, MG_THREADS, [&] {
                 if (c.fp8) moe_gemm_down_fp8(tdn.data(), tdns.data(), scd, BR, BC, plan.data(), maxa, n, h.data(), y.data(), H, I, KS, flags.data(), md);
+                else if (wg) moe_wg_down_bf16(tdn.data(), plan.data(), maxa, n, h.data(), y.data(), H, I, KS, flags.data(), md);
                 else moe_gemm_down_bf16(tdn.data(), plan.data(), maxa, n, h.data(), y.data(), H, I, KS, flags.data(), md);
             });
             emu_launch(M * ((H + 127) / 128), 1, 128, [&] { moe_combine(y.data(), wts.data(), ids.data(), E, c.S, c.first, c.held, nullptr, 0, out.data(), KS, H); });

@@ -4,7 +4,7 @@
 # the CPU; the MoE ones' errors kept) and the step-graph test, then the roofline under each
 # setting of AB (space-separated "VAR=value[,VAR=value]", "-" for the defaults; host routing is
 # WEFT_CUDA_MOE_GEMM_TOKENS=0; by default also the kernel variants of moe_gemm.cu), alternated twice, Moonlight (BATCH, prefill PREFILL) and the
-# Kimi-K2 slice (KBATCH); then Nsight times of the GEMM kernels in one Moonlight prefill.
+# Kimi-K2 slice (KBATCH); then Nsight times of the GEMM kernels (moe_gemm.cu, moe_wgmma.cu) in one Moonlight prefill.
 # Output: $OUT/moe-gemm.md.
 set -uo pipefail
 OUT=${OUT:-.device/out}; mkdir -p "$OUT"
@@ -27,6 +27,6 @@ for r in 1 2; do
 done
 if [ -n "${NCU-1}" ]; then
 timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread \
-  -k 'regex:moe_gemm' --launch-skip 8 --launch-count 4 .device/roofline models/dummy/moonlight-16b-a3b --dummy --batch 1 --ctx 16 --prefill 1024 --steps 1 2>&1 \
+  -k 'regex:moe_(gemm|wg)' --launch-skip 8 --launch-count 4 .device/roofline models/dummy/moonlight-16b-a3b --dummy --batch 1 --ctx 16 --prefill 1024 --steps 1 2>&1 \
   | grep -E "moe_|gpu__time|hmma|warps_active|registers" | tee -a "$R"
 fi

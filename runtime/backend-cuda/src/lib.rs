@@ -85,6 +85,8 @@ pub const KERNEL_SOURCE: &str = concat!(
     "\n",
     include_str!("../../../kernels/moe_gemm.cu"),
     "\n",
+    include_str!("../../../kernels/moe_wgmma.cu"),
+    "\n",
     include_str!("../../../kernels/mla.cu"),
     "\n",
     include_str!("../../../kernels/mla_grouped.cu"),
@@ -185,6 +187,8 @@ pub const KERNELS: &[&str] = &[
     "moe_gemm_down_bf16",
     "moe_gemm_down_fp8",
     "moe_gemm_split",
+    "moe_wg_gate_up_bf16",
+    "moe_wg_down_bf16",
     "moe_combine",
     "mla_decode",
     "mla_decode_bf16",
@@ -299,6 +303,9 @@ pub struct CudaBackend {
     /// Tensor-core expert kernels for several tokens per expert (`WEFT_CUDA_MMA=0`: the
     /// CUDA-core ones, for comparisons).
     pub mma: bool,
+    /// The grouped expert GEMM of bf16 experts on Hopper's warpgroup tensor cores
+    /// (`kernels/moe_wgmma.cu`; sm_90a only; `WEFT_CUDA_WGMMA=0`: `moe_gemm.cu`'s mma.sync).
+    pub wgmma: bool,
     /// MLA decode attention on tensor cores (`mla_decode_mma`) where the shape fits
     /// (`WEFT_CUDA_MLA_MMA=0`: the CUDA-core `mla_decode`, for comparisons).
     pub mla_mma: bool,
@@ -518,9 +525,20 @@ impl CudaBackend {
         use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
         let num_sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(dev)? as usize;
         let smem_optin = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).map_err(dev)? as usize;
-        for k in ["mla_decode", "mla_decode_bf16", "mla_decode_mma", "mla_decode_mma_bf16", "moe_gemm_gate_up_bf16", "moe_gemm_gate_up_fp8", "moe_gemm_down_bf16", "moe_gemm_down_fp8"]
-            .into_iter()
-            .chain(mla::MMG_KERNELS.iter().map(|k| k.name))
+        for k in [
+            "mla_decode",
+            "mla_decode_bf16",
+            "mla_decode_mma",
+            "mla_decode_mma_bf16",
+            "moe_gemm_gate_up_bf16",
+            "moe_gemm_gate_up_fp8",
+            "moe_gemm_down_bf16",
+            "moe_gemm_down_fp8",
+            "moe_wg_gate_up_bf16",
+            "moe_wg_down_bf16",
+        ]
+        .into_iter()
+        .chain(mla::MMG_KERNELS.iter().map(|k| k.name))
         {
             funcs[k].set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_optin as i32).map_err(dev)?;
         }
@@ -567,6 +585,7 @@ impl CudaBackend {
             all_f32,
             slow_paths,
             mma,
+            wgmma: mma && arch == "sm_90a" && std::env::var("WEFT_CUDA_WGMMA").map_or(true, |v| v != "0"),
             mla_mma: mma && std::env::var("WEFT_CUDA_MLA_MMA").map_or(true, |v| v != "0"),
             mma_min_m: std::env::var("WEFT_CUDA_MMA_MIN_M").ok().and_then(|v| v.parse().ok()).unwrap_or(2),
             mma_max_m: [0, 1].map(|i| {

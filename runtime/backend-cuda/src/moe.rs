@@ -62,6 +62,12 @@ fn gemm_smem(fp8: bool) -> u32 {
     (stages * (2 * TILE_ROWS + GEMM_ROWS) * (v.k + 8) * 2) as u32
 }
 
+/// Columns per stage of the wgmma expert GEMM (`WG_BK`) and its dynamic shared bytes per block
+/// (`WG_SMEM_BYTES`: two stages of 128 swizzled weight rows and both activation parts of 64
+/// rows, rows of 72 bf16, plus 1 KiB to align the stages).
+const WG_COLS: usize = 64;
+const WG_SMEM: u32 = (2 * (GEMM_ROWS * 128 + 2 * TILE_ROWS * (WG_COLS + 8) * 2) + 1024) as u32;
+
 /// How the expert kernels run: one entry per active expert (a single decoding token), a few
 /// entries on CUDA cores, tensor cores, or the grouped GEMM.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -356,11 +362,15 @@ impl CudaBackend {
             TokenParts::Flags(f) => (&**f, 2),
         };
         let tiles = (n / TILE_ROWS + maxa) as u32;
-        let cfg = |slices: usize| LaunchConfig { grid_dim: (tiles, slices as u32, 1), block_dim: (GEMM_THREADS, 1, 1), shared_mem_bytes: gemm_smem(fp8 == 1) };
+        // bf16 experts on sm_90a: the wgmma kernels (same arguments and grids), whose stages are
+        // 64 columns of both products.
+        let wg = self.wgmma && fp8 == 0 && hidden % WG_COLS == 0 && inter % WG_COLS == 0;
+        let smem = if wg { WG_SMEM } else { gemm_smem(fp8 == 1) };
+        let cfg = |slices: usize| LaunchConfig { grid_dim: (tiles, slices as u32, 1), block_dim: (GEMM_THREADS, 1, 1), shared_mem_bytes: smem };
         // The cp.async variant's bf16 kernels take two-part bf16 rows in plan order (the split
         // pass for gate|up, h as gate|up writes it: the same bytes as its f32 rows), f32 rows
         // otherwise.
-        let parts = fp8 == 0 && gemm_variant().async_stages.is_some();
+        let parts = fp8 == 0 && !wg && gemm_variant().async_stages.is_some();
         let xs = if parts {
             let mut xs = self.alloc::<u32>(n * hidden)?;
             let hidden32 = hidden as u32;
@@ -373,7 +383,7 @@ impl CudaBackend {
         };
         // f32 rows, or the same bytes as two-part bf16 rows.
         let mut h = self.out(n * inter)?;
-        let mut l = self.stream.launch_builder(self.func(["moe_gemm_gate_up_bf16", "moe_gemm_gate_up_fp8"][fp8]));
+        let mut l = self.stream.launch_builder(self.func(if wg { "moe_wg_gate_up_bf16" } else { ["moe_gemm_gate_up_bf16", "moe_gemm_gate_up_fp8"][fp8] }));
         tables.push(&mut l, false);
         l.arg(plan).arg(&maxa32).arg(&n32);
         match &xs {
@@ -383,7 +393,7 @@ impl CudaBackend {
         l.arg(&mut h).arg(&k32).arg(&h32).arg(&i32_).arg(flags).arg(&mode);
         unsafe { l.launch(cfg(inter.div_ceil(GEMM_ROWS / 2))) }.map_err(dev)?;
         let mut y = self.out(n * hidden)?;
-        let mut l = self.stream.launch_builder(self.func(["moe_gemm_down_bf16", "moe_gemm_down_fp8"][fp8]));
+        let mut l = self.stream.launch_builder(self.func(if wg { "moe_wg_down_bf16" } else { ["moe_gemm_down_bf16", "moe_gemm_down_fp8"][fp8] }));
         tables.push(&mut l, true);
         l.arg(plan).arg(&maxa32).arg(&n32).arg(&h).arg(&mut y).arg(&h32).arg(&i32_).arg(&k32).arg(flags).arg(&mode);
         unsafe { l.launch(cfg(hidden.div_ceil(GEMM_ROWS))) }.map_err(dev)?;

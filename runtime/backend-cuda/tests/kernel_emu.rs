@@ -56,4 +56,5 @@ fn prefill_moe_gemm_on_the_cpu_emulator() {
     run_emulated("moe_gemm_test");
     run_emulated_with("moe_gemm_test", &["-DWEFT_MG_ASYNC"]);
     run_emulated_with("moe_gemm_test", &["-DWEFT_MG_ASYNC", "-DWEFT_MG_BK=64", "-DWEFT_MG_STAGES=4"]);
+    run_emulated_with("moe_gemm_test", &["-DWEFT_MG_WG"]);
 }

@@ -192,9 +192,48 @@ fn moe_expert_subsets_match_cpu() {
     }
 }
 
+/// The grouped expert GEMM on Hopper's warpgroup tensor cores (`kernels/moe_wgmma.cu`: sm_90a,
+/// bf16 experts whose hidden and intermediate sizes are multiples of 64) against the CPU and
+/// against `moe_gemm.cu`'s mma.sync kernels on the same inputs: batches of ~26 to ~240 entries
+/// per expert, one expert favoured by every token (several tiles), shared-expert adds on even
+/// batches; two activation parts outside a step, so f32-grade.
+#[test]
+fn moe_wgmma_matches_cpu_and_mma_sync() {
+    let Some(mut g) = gpu() else { return };
+    if !g.wgmma {
+        eprintln!("SKIPPED: {} has no wgmma (sm_90a only)", g.arch);
+        return;
+    }
+    let c = CpuBackend::new();
+    let mut r = Rng(41);
+    let (hidden, inter, e) = (1024, 384, 16);
+    let cfg = RouterConfig { n_experts: e, top_k: 6, n_group: 1, topk_group: 1, norm_topk_prob: true, routed_scaling_factor: 2.446 };
+    let experts = experts_on_both(&g, &c, &mut r, e, hidden, inter, |r, rows, cols| bf16_matrix(r, rows, cols, 0.05));
+    for (m, favoured) in [(70usize, &[][..]), (299, &[5][..]), (640, &[][..])] {
+        let x = r.vec(m * hidden, 1.0);
+        let logits = r.vec(m * e, 3.0);
+        let mut bias = r.vec(e, 0.3);
+        for &f in favoured {
+            bias[f] = 10.0;
+        }
+        let shared = (m % 2 == 0).then(|| r.vec(m * hidden, 1.0));
+        let want = c.moe(&x, &logits, &bias, &cfg, &experts.1, shared.as_ref()).unwrap();
+        let (xg, lg, bg, sg) = (g.upload(&x).unwrap(), g.upload(&logits).unwrap(), g.upload(&bias).unwrap(), shared.as_ref().map(|s| g.upload(s).unwrap()));
+        let mut got = vec![];
+        for wg in [true, false] {
+            g.wgmma = wg;
+            got.push(g.download(&g.moe(&xg, &lg, &bg, &cfg, &experts.0, sg.as_ref()).unwrap()).unwrap());
+            check(&format!("moe m={m} wgmma={wg}"), &got[got.len() - 1], &want, MMA_TOL);
+        }
+        check(&format!("moe m={m} wgmma vs mma.sync"), &got[0], &got[1], 1e-5);
+        g.wgmma = true;
+    }
+}
+
 /// Inside a step (`run_step`), prompt rows of a long run take one bf16 activation part and the
 /// step's decode rows and `exact_rows` two (`precision.rs`): four decode rows before a 296-row
-/// prompt run, through the grouped expert GEMM (its tiles decide from per-token flags) and a
+/// prompt run, through the grouped expert GEMM (its tiles decide from per-token flags; intermediate
+/// size 352 on moe_gemm.cu's mma.sync kernels, 384 on moe_wgmma.cu's where sm_90a has them) and a
 /// cuBLAS linear — the decode rows f32-grade, the run's rows bf16-grade and visibly so, except
 /// its last four when they are exact rows (drafts); with `prefill_parts = 2` every row f32-grade.
 #[test]
@@ -203,50 +242,53 @@ fn prompt_rows_take_one_part_inside_a_step() {
     let Some(mut g) = gpu() else { return };
     let c = CpuBackend::new();
     let mut r = Rng(37);
-    let (hidden, inter, e, m) = (1024, 352, 32, 300);
-    let cfg = RouterConfig { n_experts: e, top_k: 6, n_group: 4, topk_group: 2, norm_topk_prob: true, routed_scaling_factor: 2.446 };
-    let experts = experts_on_both(&g, &c, &mut r, e, hidden, inter, |r, rows, cols| bf16_matrix(r, rows, cols, 0.05));
-    let w = bf16_matrix(&mut r, 512, hidden, 0.05);
-    let (wg, wc) = (g.upload_matrix(&w).unwrap(), c.upload_matrix(&w).unwrap());
-    let (x, logits, bias) = (r.vec(m * hidden, 1.0), r.vec(m * e, 3.0), r.vec(e, 0.3));
-    let want_moe = c.moe(&x, &logits, &bias, &cfg, &experts.1, None).unwrap();
-    let want_lin = c.linear(&x, &wc).unwrap();
-    let (xg, lg, bg) = (g.upload(&x).unwrap(), g.upload(&logits).unwrap(), g.upload(&bias).unwrap());
-    // Four decode rows (one table each), then one sequence's 296 prompt rows.
-    let tables: Vec<Vec<u32>> = (0..5u32).map(|i| vec![i]).collect();
-    let mut rows: Vec<AttnRow<'_>> = (0..4).map(|i| AttnRow { block_table: &tables[i], ctx_len: 10 + i }).collect();
-    rows.extend((1..=296).map(|n| AttnRow { block_table: &tables[4], ctx_len: n }));
-    let zeros = vec![0u32; m];
-    let mut pool = g.alloc_kv_pool(KvLayout { layers: 1, num_pages: 8, page_size: 64, latent_dim: 512, rope_dim: 64, dtype: KvDtype::Bf16 }).unwrap();
-    let mut alone: Option<(Vec<f32>, Vec<f32>)> = None; // one part, no exact rows
-    for (parts, exact) in [(1, &[][..]), (1, &[(296u32, 300u32)][..]), (2, &[][..])] {
-        g.prefill_parts = parts;
-        let step = StepBatch { tokens: &zeros, positions: &zeros, slots: &zeros, attn: &rows, exact_rows: exact };
-        let mut moe = None;
-        let mut run = |_: &mut weft_cuda::CudaKvPool| {
-            moe = Some(g.moe(&xg, &lg, &bg, &cfg, &experts.0, None)?);
-            g.linear(&xg, &wg)
-        };
-        let lin = g.download(&g.run_step(&mut pool, &step, m * 512, &mut run).unwrap()).unwrap();
-        let moe = g.download(&moe.unwrap()).unwrap();
-        let one_end = if exact.is_empty() { m } else { 296 };
-        let e = |rows: std::ops::Range<usize>| [rows_err("linear", &lin, &want_lin, 512, rows.clone()), rows_err("moe", &moe, &want_moe, hidden, rows)];
-        let (dec, run, tail) = (e(0..4), e(4..one_end), if exact.is_empty() { [0.0; 2] } else { e(296..m) });
-        eprintln!("  prefill_parts {parts}, exact {exact:?}: linear / moe — decode rows {dec:?}, run rows {run:?}, exact tail {tail:?}");
-        assert!(dec.iter().chain(&tail).all(|&x| x <= MMA_TOL), "decode and exact rows must stay f32-grade");
-        if parts == 1 {
-            assert!(run.iter().all(|&x| x > MMA_TOL && x < 1e-2), "the run's rows take one bf16 part: {run:?}");
-            // Exact rows change no other row's bits, also where they share an expert's tile.
-            match &alone {
-                None => alone = Some((lin.clone(), moe.clone())),
-                Some((l, o)) => {
-                    let same = |a: &[f32], b: &[f32], w: usize| (4..296).filter(|&i| a[i * w..(i + 1) * w] != b[i * w..(i + 1) * w]).count();
-                    assert_eq!((same(&lin, l, 512), same(&moe, o, hidden)), (0, 0), "prompt rows whose bits changed with exact rows after them (linear, moe)");
+    let (hidden, e, m) = (1024, 32, 300);
+    // 352: moe_gemm.cu's mma.sync kernels; 384: moe_wgmma.cu's on sm_90a.
+    for inter in [352, 384] {
+        let cfg = RouterConfig { n_experts: e, top_k: 6, n_group: 4, topk_group: 2, norm_topk_prob: true, routed_scaling_factor: 2.446 };
+        let experts = experts_on_both(&g, &c, &mut r, e, hidden, inter, |r, rows, cols| bf16_matrix(r, rows, cols, 0.05));
+        let w = bf16_matrix(&mut r, 512, hidden, 0.05);
+        let (wg, wc) = (g.upload_matrix(&w).unwrap(), c.upload_matrix(&w).unwrap());
+        let (x, logits, bias) = (r.vec(m * hidden, 1.0), r.vec(m * e, 3.0), r.vec(e, 0.3));
+        let want_moe = c.moe(&x, &logits, &bias, &cfg, &experts.1, None).unwrap();
+        let want_lin = c.linear(&x, &wc).unwrap();
+        let (xg, lg, bg) = (g.upload(&x).unwrap(), g.upload(&logits).unwrap(), g.upload(&bias).unwrap());
+        // Four decode rows (one table each), then one sequence's 296 prompt rows.
+        let tables: Vec<Vec<u32>> = (0..5u32).map(|i| vec![i]).collect();
+        let mut rows: Vec<AttnRow<'_>> = (0..4).map(|i| AttnRow { block_table: &tables[i], ctx_len: 10 + i }).collect();
+        rows.extend((1..=296).map(|n| AttnRow { block_table: &tables[4], ctx_len: n }));
+        let zeros = vec![0u32; m];
+        let mut pool = g.alloc_kv_pool(KvLayout { layers: 1, num_pages: 8, page_size: 64, latent_dim: 512, rope_dim: 64, dtype: KvDtype::Bf16 }).unwrap();
+        let mut alone: Option<(Vec<f32>, Vec<f32>)> = None; // one part, no exact rows
+        for (parts, exact) in [(1, &[][..]), (1, &[(296u32, 300u32)][..]), (2, &[][..])] {
+            g.prefill_parts = parts;
+            let step = StepBatch { tokens: &zeros, positions: &zeros, slots: &zeros, attn: &rows, exact_rows: exact };
+            let mut moe = None;
+            let mut run = |_: &mut weft_cuda::CudaKvPool| {
+                moe = Some(g.moe(&xg, &lg, &bg, &cfg, &experts.0, None)?);
+                g.linear(&xg, &wg)
+            };
+            let lin = g.download(&g.run_step(&mut pool, &step, m * 512, &mut run).unwrap()).unwrap();
+            let moe = g.download(&moe.unwrap()).unwrap();
+            let one_end = if exact.is_empty() { m } else { 296 };
+            let e = |rows: std::ops::Range<usize>| [rows_err("linear", &lin, &want_lin, 512, rows.clone()), rows_err("moe", &moe, &want_moe, hidden, rows)];
+            let (dec, run, tail) = (e(0..4), e(4..one_end), if exact.is_empty() { [0.0; 2] } else { e(296..m) });
+            eprintln!("  inter {inter}, prefill_parts {parts}, exact {exact:?}: linear / moe — decode rows {dec:?}, run rows {run:?}, exact tail {tail:?}");
+            assert!(dec.iter().chain(&tail).all(|&x| x <= MMA_TOL), "decode and exact rows must stay f32-grade");
+            if parts == 1 {
+                assert!(run.iter().all(|&x| x > MMA_TOL && x < 1e-2), "the run's rows take one bf16 part: {run:?}");
+                // Exact rows change no other row's bits, also where they share an expert's tile.
+                match &alone {
+                    None => alone = Some((lin.clone(), moe.clone())),
+                    Some((l, o)) => {
+                        let same = |a: &[f32], b: &[f32], w: usize| (4..296).filter(|&i| a[i * w..(i + 1) * w] != b[i * w..(i + 1) * w]).count();
+                        assert_eq!((same(&lin, l, 512), same(&moe, o, hidden)), (0, 0), "prompt rows whose bits changed with exact rows after them (linear, moe)");
+                    }
                 }
+            } else {
+                assert!(run.iter().all(|&x| x <= MMA_TOL), "every row f32-grade: {run:?}");
             }
-        } else {
-            assert!(run.iter().all(|&x| x <= MMA_TOL), "every row f32-grade: {run:?}");
         }
+        g.prefill_parts = 1;
     }
-    g.prefill_parts = 1;
 }
