@@ -1,28 +1,32 @@
 // Prefill-sized MoE on Hopper's warpgroup tensor cores (`wgmma.mma_async`, sm_90a only): the
-// grouped GEMM of moe_gemm.cu for bf16 experts — same plan, tiles, grids, arguments, outputs and
-// activation parts per tile (mg_tile_two_parts) — with a block of 4 warps (one warpgroup)
-// multiplying its 64 plan rows by 128 weight rows as m64n128k16 products instead of 32 mma.sync
-// m16n8k16 per warp and k16 step. The weight rows (B) reach shared memory by cp.async, 64
-// columns a stage, each row one 128-byte line in the 128-byte swizzle wgmma reads through a
-// matrix descriptor (16-byte chunk c of row r at chunk c ^ (r % 8); stage bases 1024-aligned).
-// The activations (A) go through registers as in moe_gemm.cu — f32 rows, gathered by entry for
-// gate|up, split into bf16 parts on the way to shared memory — and each warp feeds its 16 rows
-// to the wgmma from registers (ldmatrix, the mma.sync fragment layout). Two stages: while the
-// tensor cores multiply one, the next stage's weights arrive and its activations are split and
-// stored. Accumulator layout per warp w: lane (g, t) holds rows 16w + g, 16w + g + 8 at columns
-// 8j + 2t, 8j + 2t + 1 in d[4j..4j + 3] (as mma.sync's C, repeated over j).
+// grouped GEMM of moe_gemm.cu for bf16 experts — same plan, tiles, grids and per-tile activation
+// parts (mg_tile_two_parts) — with a block of 4 warps (one warpgroup) multiplying its 64 plan
+// rows by 128 weight rows as m64n128k16 products, both operands read by the tensor cores from
+// shared memory through matrix descriptors. Every operand arrives by cp.async, WG_STAGES stages
+// of 64 columns deep, so no register holds a load in flight: the weight rows (B) as stored, the
+// activations (A) as bf16 parts written beforehand — moe_wg_split's (hi, lo) rows per token for
+// gate|up (gathered by entry), and for down the parts of h that the gate|up epilogue writes.
+// Each operand row of a stage is one 128-byte line in the 128-byte swizzle (16-byte chunk c of
+// row r at chunk c ^ (r % 8); stage bases 1024-aligned), which the descriptors name. Accumulator
+// layout per warp w: lane (g, t) holds rows 16w + g, 16w + g + 8 at columns 8j + 2t, 8j + 2t + 1
+// in d[4j..4j + 3] (as mma.sync's C, repeated over j).
 //
 // gate|up: shared weight rows 0-63 are the block's 64 gate rows, 64-127 their up rows, so
-// SiLU(gate) · up pairs d[4j..] with d[4(j + 8)..]. down: 128 output rows as moe_gemm_down.
+// SiLU(gate) · up pairs d[4j..] with d[4(j + 8)..]; h leaves as bf16 parts [plan row][2 · inter]
+// (hi, then lo). down: 128 output rows into y[entry, hidden] (f32) as moe_gemm_down.
 // The host takes this path on sm_90a for bf16 experts whose hidden and intermediate sizes are
 // multiples of 64 (runtime/backend-cuda/src/moe.rs; `WEFT_CUDA_WGMMA=0` keeps moe_gemm.cu's).
 #define WG_BK 64
-#define WG_LDA (WG_BK + 8)               // activation rows in shared memory (bf16; ldmatrix conflict-free)
-#define WG_B_BYTES (MG_BN * 128)         // one stage's weights: 128 rows of 64 bf16
-#define WG_A_BYTES (MG_BM * WG_LDA * 2)  // one stage's activation part
-#define WG_STAGE_BYTES (WG_B_BYTES + 2 * WG_A_BYTES)  // 34816: a multiple of 1024
-// Dynamic shared bytes a block asks for: two stages and room to align them to 1024 bytes.
-#define WG_SMEM_BYTES (2 * WG_STAGE_BYTES + 1024)
+#define WG_B_BYTES (MG_BN * 128)  // one stage's weights: 128 rows of 64 bf16
+#define WG_A_BYTES (MG_BM * 128)  // one stage's activation part: 64 rows of 64 bf16
+#define WG_STAGE_BYTES (WG_B_BYTES + 2 * WG_A_BYTES)  // 32 KiB: a multiple of 1024
+#ifdef WEFT_WG_STAGES
+#define WG_STAGES WEFT_WG_STAGES
+#else
+#define WG_STAGES 3
+#endif
+// Dynamic shared bytes a block asks for: the stages and room to align them to 1024 bytes.
+#define WG_SMEM_BYTES (WG_STAGES * WG_STAGE_BYTES + 1024)
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) && !defined(WEFT_NO_PTX)
 // A K-major operand of 8-row groups 1024 bytes apart, 128-byte swizzle (descriptor bits: start
@@ -42,16 +46,15 @@ __device__ __forceinline__ unsigned char* wg_align1024(void* p) {
     const u32 a = (u32)__cvta_generic_to_shared(p);
     return (unsigned char*)p + (((a + 1023u) & ~1023u) - a);
 }
-// d (64 rows x 128 columns over the warpgroup) += A (this warp's 16 rows x 16, registers as
-// mma.sync's A) x B (128 rows x 16 at desc, K-major).
-__device__ __forceinline__ void wgmma_n128(float (&d)[64], u32 a0, u32 a1, u32 a2, u32 a3, u64 desc) {
+// d (64 rows x 128 columns) += A (64 rows x 16 at da) x B (128 rows x 16 at db), both K-major.
+__device__ __forceinline__ void wgmma_n128_ss(float (&d)[64], u64 da, u64 db) {
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "{%64, %65, %66, %67}, %68, 1, 1, 1, 0;"
+        "%64, %65, 1, 1, 1, 0, 0;"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -60,19 +63,19 @@ __device__ __forceinline__ void wgmma_n128(float (&d)[64], u32 a0, u32 a1, u32 a
           "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
           "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
           "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
+        : "l"(da), "l"(db));
 }
 #define WEFT_HAS_WGMMA 1
 #elif defined(WEFT_EMU)
-// The CPU emulator (kernels/emu/emu.h): a descriptor is the stage's address; the wgmma is
-// computed per warp from its lanes' fragments and the swizzled rows in shared memory.
+// The CPU emulator (kernels/emu/emu.h): a descriptor is the operand's address; each lane
+// computes its outputs from the swizzled rows in shared memory.
 __device__ __forceinline__ u64 wg_desc(const void* p) { return (u64)(uintptr_t)p; }
 __device__ __forceinline__ void wg_fence() {}
 __device__ __forceinline__ void wg_commit() {}
 __device__ __forceinline__ void wg_wait_all() {}
 __device__ __forceinline__ void fence_async_shared() {}
 __device__ __forceinline__ unsigned char* wg_align1024(void* p) { return (unsigned char*)(((uintptr_t)p + 1023) & ~(uintptr_t)1023); }
-__device__ __forceinline__ void wgmma_n128(float (&d)[64], u32 a0, u32 a1, u32 a2, u32 a3, u64 desc) { emu_wgmma_n128(d, a0, a1, a2, a3, desc); }
+__device__ __forceinline__ void wgmma_n128_ss(float (&d)[64], u64 da, u64 db) { emu_wgmma_n128_ss(d, da, db); }
 #define WEFT_HAS_WGMMA 1
 #else
 // Other targets (sm_80/89/100/120, AMD): no wgmma; the host never launches these kernels there.
@@ -83,15 +86,19 @@ __device__ __forceinline__ void wg_wait_all() {}
 __device__ __forceinline__ void fence_async_shared() {}
 __device__ __forceinline__ unsigned char* wg_align1024(void* p) { return (unsigned char*)p; }
 #if defined(WEFT_NO_PTX)
-__device__ __forceinline__ void wgmma_n128(float (&)[64], u32, u32, u32, u32, u64) { __builtin_trap(); }
+#define WG_TRAP() __builtin_trap()
 #else
-__device__ __forceinline__ void wgmma_n128(float (&)[64], u32, u32, u32, u32, u64) { __trap(); }
+#define WG_TRAP() __trap()
 #endif
+__device__ __forceinline__ void wgmma_n128_ss(float (&)[64], u64, u64) { WG_TRAP(); }
 #endif
 
-// One tile x weight slice (block x, y), bf16 weights; arguments as moe_gemm_body.
+// One tile x weight slice (block x, y), bf16 weights. xs: bf16 parts, [token][2 · cols] for
+// gate|up (row of plan row i: its entry's token, ent[i] / k), [plan row][2 · cols] for down;
+// out: h as bf16 parts [plan row][2 · inter] (gate|up), y f32 [entry][rows] (down). Other
+// arguments as moe_gemm_body.
 template <int GATED, int PARTS>
-__device__ void moe_wg_body(const u64* w, const u32* plan, u32 maxa, u32 n, const float* x, float* out, u32 k, u32 rows, u32 cols, u32 inter, const u32* flags, u32 ek, u32 mode) {
+__device__ void moe_wg_body(const u64* w, const u32* plan, u32 maxa, u32 n, const u16* xs, void* out, u32 k, u32 rows, u32 cols, u32 inter, const u32* flags, u32 ek, u32 mode) {
     WEFT_DYNAMIC_SHARED(uint4, wg_smem);
     unsigned char* sm = wg_align1024(wg_smem);
     const u32* tiles = plan + 2 + 2 * maxa + n;
@@ -103,9 +110,11 @@ __device__ void moe_wg_body(const u64* w, const u32* plan, u32 maxa, u32 n, cons
     const u32 tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane >> 2, t = lane & 3;
     const u32 p0 = blockIdx.y * (MG_BN / 2), r0 = blockIdx.y * MG_BN;
 
-    // Weights: this thread copies 16-byte chunk c = tid % 8 of shared rows tid / 8 + 16j; the
-    // row's swizzle (row % 8 = (tid / 8) % 8) puts it at chunk c ^ (row % 8).
-    const u32 wc = tid % 8, wsw = (wc ^ ((tid / 8) % 8)) * 16;
+    // This thread copies 16-byte chunk c = tid % 8 of shared rows tid / 8 + 16j (weights: j < 8;
+    // each activation part: j < 4); a row's swizzle (row % 8 = (tid / 8) % 8) puts it at chunk
+    // c ^ (row % 8). Rows past the matrix or the tile, and the second part of rows that take
+    // one, are zero-filled.
+    const u32 wc = tid % 8, sw = (wc ^ ((tid / 8) % 8)) * 16;
     const u16* wp[8];
 #pragma unroll
     for (int j = 0; j < 8; j++) {
@@ -115,35 +124,23 @@ __device__ void moe_wg_body(const u64* w, const u32* plan, u32 maxa, u32 n, cons
         else r = r0 + s < rows ? r0 + s : ~0u;
         wp[j] = r == ~0u ? nullptr : W + (i64)r * cols + 8 * wc;
     }
-    auto issue = [&](u32 kt, u32 buf) {
-        unsigned char* b = sm + buf * WG_STAGE_BYTES;
+    const u16* xp[4];
+    bool xk[4];
 #pragma unroll
-        for (int j = 0; j < 8; j++) cp_async16(b + (tid / 8 + 16 * j) * 128 + wsw, wp[j] ? wp[j] + kt * WG_BK : W, wp[j] ? 16u : 0u);
-    };
-    // Activations: float4 column 4 · (tid % 16) of rows tid / 16 + 8j.
-    auto lo_row = [&](u32 i) -> bool { return PARTS == 2 && (mode != 2 || flags[ent[i] / ek] != 0); };
-    const float* xp[8];
-    bool xk[8];
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        const u32 i = i0 + tid / 16 + 8 * j;
-        xp[j] = i < i1 ? x + (i64)(GATED ? ent[i] / k : i) * cols + 4 * (tid % 16) : nullptr;
-        xk[j] = i < i1 && lo_row(i);
+    for (int j = 0; j < 4; j++) {
+        const u32 i = i0 + tid / 8 + 16 * j;
+        xp[j] = i < i1 ? xs + (i64)(GATED ? ent[i] / k : i) * 2 * cols + 8 * wc : nullptr;
+        xk[j] = i < i1 && PARTS == 2 && (mode != 2 || flags[ent[i] / ek] != 0);
     }
-    float4 xv[8];
-    auto gload = [&](u32 kt) {
+    auto issue = [&](u32 kt) {
+        unsigned char* b = sm + (kt % WG_STAGES) * WG_STAGE_BYTES;
+        const u32 c0 = kt * WG_BK;
 #pragma unroll
-        for (int j = 0; j < 8; j++) xv[j] = xp[j] ? *(const float4*)(xp[j] + kt * WG_BK) : make_float4(0.f, 0.f, 0.f, 0.f);
-    };
-    auto sstore = [&](u32 buf) {
-        u16* ah = (u16*)(sm + buf * WG_STAGE_BYTES + WG_B_BYTES);
+        for (int j = 0; j < 8; j++) cp_async16(b + (tid / 8 + 16 * j) * 128 + sw, wp[j] ? wp[j] + c0 : W, wp[j] ? 16u : 0u);
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const u32 o = (tid / 16 + 8 * j) * WG_LDA + 4 * (tid % 16);
-            uint2 h, l;
-            split_bf16x4(xv[j], h, l);
-            *(uint2*)(ah + o) = h;
-            if (PARTS == 2) *(uint2*)(ah + MG_BM * WG_LDA + o) = xk[j] ? l : uint2{0u, 0u};
+        for (int j = 0; j < 4; j++) {
+            cp_async16(b + WG_B_BYTES + (tid / 8 + 16 * j) * 128 + sw, xp[j] ? xp[j] + c0 : xs, xp[j] ? 16u : 0u);
+            if (PARTS == 2) cp_async16(b + WG_B_BYTES + WG_A_BYTES + (tid / 8 + 16 * j) * 128 + sw, xk[j] ? xp[j] + cols + c0 : xs, xk[j] ? 16u : 0u);
         }
     };
 
@@ -151,38 +148,25 @@ __device__ void moe_wg_body(const u64* w, const u32* plan, u32 maxa, u32 n, cons
 #pragma unroll
     for (int i = 0; i < 64; i++) acc[i] = 0.f;
     const u32 stages = cols / WG_BK;
-    issue(0, 0);
-    cp_async_commit();
-    gload(0);
-    sstore(0);
-    cp_async_wait<0>();
-    fence_async_shared();
-    __syncthreads();
-    for (u32 kt = 0; kt < stages; kt++) {
-        const u32 buf = kt & 1;
-        if (kt + 1 < stages) {
-            issue(kt + 1, buf ^ 1);
-            gload(kt + 1);
-        }
+#pragma unroll
+    for (int s0 = 0; s0 < WG_STAGES - 1; s0++) {
+        if ((u32)s0 < stages) issue(s0);
         cp_async_commit();
-        const unsigned char* st = sm + buf * WG_STAGE_BYTES;
-        const u16* ah = (const u16*)(st + WG_B_BYTES);
-        u32 af[WG_BK / 16][PARTS][4];
-#pragma unroll
-        for (int ks = 0; ks < WG_BK / 16; ks++)
-#pragma unroll
-            for (int p = 0; p < PARTS; p++) ldsm_x4(af[ks][p], ah + p * MG_BM * WG_LDA + (warp * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * WG_LDA + ks * 16 + 8 * (lane / 16));
+    }
+    for (u32 kt = 0; kt < stages; kt++) {
+        cp_async_wait<WG_STAGES - 2>();
+        fence_async_shared();
+        __syncthreads();  // stage kt landed for every thread; every wgmma of stage kt - 1 is done
+        if (kt + WG_STAGES - 1 < stages) issue(kt + WG_STAGES - 1);
+        cp_async_commit();
+        const unsigned char* st = sm + (kt % WG_STAGES) * WG_STAGE_BYTES;
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < WG_BK / 16; ks++)
 #pragma unroll
-            for (int p = 0; p < PARTS; p++) wgmma_n128(acc, af[ks][p][0], af[ks][p][1], af[ks][p][2], af[ks][p][3], wg_desc(st + 32 * ks));
+            for (int p = 0; p < PARTS; p++) wgmma_n128_ss(acc, wg_desc(st + WG_B_BYTES + p * WG_A_BYTES + 32 * ks), wg_desc(st + 32 * ks));
         wg_commit();
-        if (kt + 1 < stages) sstore(buf ^ 1);
         wg_wait_all();
-        cp_async_wait<0>();
-        fence_async_shared();
-        __syncthreads();
     }
 
 #pragma unroll
@@ -190,20 +174,25 @@ __device__ void moe_wg_body(const u64* w, const u32* plan, u32 maxa, u32 n, cons
         const u32 i = i0 + warp * 16 + g + 8 * h8;
         if (i >= i1) continue;
         if (GATED) {
+            u16* ho = (u16*)out + (i64)i * 2 * inter;
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 const u32 p = p0 + 8 * j + 2 * t;
                 if (p >= inter) continue;
                 const float g0 = acc[4 * j + 2 * h8], g1 = acc[4 * j + 2 * h8 + 1];
                 const float u0 = acc[4 * (j + 8) + 2 * h8], u1 = acc[4 * (j + 8) + 2 * h8 + 1];
-                *(float2*)(out + (i64)i * inter + p) = make_float2(g0 / (1.0f + expf(-g0)) * u0, g1 / (1.0f + expf(-g1)) * u1);
+                u32 hi, lo;
+                split_bf16x2(g0 / (1.0f + expf(-g0)) * u0, g1 / (1.0f + expf(-g1)) * u1, hi, lo);
+                *(u32*)(ho + p) = hi;
+                *(u32*)(ho + inter + p) = lo;
             }
         } else {
+            float* y = (float*)out;
             const u32 e = ent[i];
 #pragma unroll
             for (int j = 0; j < 16; j++) {
                 const u32 r = r0 + 8 * j + 2 * t;
-                if (r < rows) *(float2*)(out + (i64)e * rows + r) = make_float2(acc[4 * j + 2 * h8], acc[4 * j + 2 * h8 + 1]);
+                if (r < rows) *(float2*)(y + (i64)e * rows + r) = make_float2(acc[4 * j + 2 * h8], acc[4 * j + 2 * h8 + 1]);
             }
         }
     }
@@ -211,15 +200,29 @@ __device__ void moe_wg_body(const u64* w, const u32* plan, u32 maxa, u32 n, cons
 
 template <int GATED>
 __device__ __forceinline__ void moe_wg_tile(const u64* w, const u32* plan, u32 maxa, u32 n, const void* x, void* out, u32 k, u32 rows, u32 cols, u32 inter, u32 ek, const u32* flags, u32 mode) {
-    if (mg_tile_two_parts(plan, maxa, n, ek, flags, mode)) moe_wg_body<GATED, 2>(w, plan, maxa, n, (const float*)x, (float*)out, k, rows, cols, inter, flags, ek, mode);
-    else moe_wg_body<GATED, 1>(w, plan, maxa, n, (const float*)x, (float*)out, k, rows, cols, inter, flags, ek, mode);
+    if (mg_tile_two_parts(plan, maxa, n, ek, flags, mode)) moe_wg_body<GATED, 2>(w, plan, maxa, n, (const u16*)x, out, k, rows, cols, inter, flags, ek, mode);
+    else moe_wg_body<GATED, 1>(w, plan, maxa, n, (const u16*)x, out, k, rows, cols, inter, flags, ek, mode);
 }
 
-// As moe_gemm_gate_up_bf16 / moe_gemm_down_bf16 (same arguments and grids), on wgmma; the
-// dynamic shared size is WG_SMEM_BYTES.
-extern "C" __global__ void __launch_bounds__(MG_THREADS) moe_wg_gate_up_bf16(const u64* w, const u32* plan, u32 maxa, u32 n, const void* x, void* h, u32 k, u32 hidden, u32 inter, const u32* flags, u32 mode) { WEFT_PDL_ENTRY();
-    moe_wg_tile<1>(w, plan, maxa, n, x, h, k, 2 * inter, hidden, inter, k, flags, mode);
+// As moe_gemm_gate_up_bf16 / moe_gemm_down_bf16 (same grids; dynamic shared size WG_SMEM_BYTES),
+// over bf16 parts: xs from moe_wg_split ([tokens][2 · hidden]), h as gate|up writes it
+// ([plan rows][2 · inter]).
+extern "C" __global__ void __launch_bounds__(MG_THREADS) moe_wg_gate_up_bf16(const u64* w, const u32* plan, u32 maxa, u32 n, const void* xs, void* h, u32 k, u32 hidden, u32 inter, const u32* flags, u32 mode) { WEFT_PDL_ENTRY();
+    moe_wg_tile<1>(w, plan, maxa, n, xs, h, k, 2 * inter, hidden, inter, k, flags, mode);
 }
 extern "C" __global__ void __launch_bounds__(MG_THREADS) moe_wg_down_bf16(const u64* w, const u32* plan, u32 maxa, u32 n, const void* h, void* y, u32 hidden, u32 inter, u32 k, const u32* flags, u32 mode) { WEFT_PDL_ENTRY();
     moe_wg_tile<0>(w, plan, maxa, n, h, y, 0, hidden, inter, inter, k, flags, mode);
+}
+
+// x [tokens, cols] (f32) as bf16 parts xs [tokens][2 · cols]: the rounding, then what it lost.
+// Grid (tokens), 128 threads.
+extern "C" __global__ void moe_wg_split(const float* x, u32 cols, u16* xs) { WEFT_PDL_ENTRY();
+    const float* xr = x + (i64)blockIdx.x * cols;
+    u16* o = xs + (i64)blockIdx.x * 2 * cols;
+    for (u32 c = 4 * threadIdx.x; c < cols; c += 4 * blockDim.x) {
+        uint2 h, l;
+        split_bf16x4(*(const float4*)(xr + c), h, l);
+        *(uint2*)(o + c) = h;
+        *(uint2*)(o + cols + c) = l;
+    }
 }

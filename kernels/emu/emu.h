@@ -195,29 +195,24 @@ inline void emu_mma_bf16_16816(float (&d)[4], unsigned a0, unsigned a1, unsigned
     }
 }
 
-// wgmma.mma_async m64n128k16 with A from registers (kernels/moe_wgmma.cu), per 32-lane warp:
-// the warp's lanes post their A fragments (its 16 rows, mma.sync's layout) and each lane computes
-// its 64 outputs (rows g, g + 8; columns 8j + 2t, 8j + 2t + 1) against B read through the
-// descriptor — here the address of a 1024-aligned K-major stage, 8-row groups 1024 bytes apart,
-// 128-byte rows whose 16-byte chunks sit at chunk ^ (row % 8), the hardware's 128-byte swizzle.
-inline void emu_wgmma_n128(float (&d)[64], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned long long desc) {
-    if (emu_warp != 32) { std::fprintf(stderr, "emulated wgmma needs 32-lane sub-groups\n"); std::abort(); }
-    unsigned t = threadIdx.x, base = t / 32 * 32, lane = t - base, g = lane / 4, q = lane % 4;
-    unsigned (*slots)[6] = emu_frag[emu_lane_turn[t]++ & 1];
-    const unsigned mine[6] = {a0, a1, a2, a3, 0u, 0u};
-    std::memcpy(slots[t], mine, sizeof mine);
-    emu_warp_barriers[t / emu_warp].wait();
-    auto A = [&](unsigned r, unsigned k) { return emu_bf16(slots[base + (r % 8) * 4 + (k % 8) / 2][(r >= 8) + 2 * (k >= 8)], k % 2); };
-    auto B = [&](unsigned k, unsigned n) {
-        uintptr_t a = (uintptr_t)desc + (n / 8) * 1024 + (n % 8) * 128 + 2 * k;
-        a ^= ((a >> 7) & 7) << 4;
-        return __uint_as_float((unsigned)*(const uint16_t*)a << 16);
-    };
+// wgmma.mma_async m64n128k16 with both operands in shared memory (kernels/moe_wgmma.cu): each
+// lane of warp w (of its 4-warp group) computes its 64 outputs — rows 16w + g, 16w + g + 8,
+// columns 8j + 2t, 8j + 2t + 1 — from A (64 rows) and B (128 rows) read through their
+// descriptors: here the address of a 1024-aligned K-major operand, 8-row groups 1024 bytes
+// apart, 128-byte rows whose 16-byte chunks sit at chunk ^ (row % 8), the hardware's 128-byte
+// swizzle. Data written before the block's last barrier is what it reads, as on the GPU.
+inline float emu_swizzled_bf16(unsigned long long desc, unsigned row, unsigned k) {
+    uintptr_t a = (uintptr_t)desc + (row / 8) * 1024 + (row % 8) * 128 + 2 * k;
+    a ^= ((a >> 7) & 7) << 4;
+    return __uint_as_float((unsigned)*(const uint16_t*)a << 16);
+}
+inline void emu_wgmma_n128_ss(float (&d)[64], unsigned long long da, unsigned long long db) {
+    unsigned lane = threadIdx.x % 32, w = threadIdx.x / 32 % 4, g = lane / 4, q = lane % 4;
     for (unsigned j = 0; j < 16; j++)
         for (unsigned i = 0; i < 4; i++) {
-            unsigned r = g + 8 * (i / 2), n = 8 * j + 2 * q + i % 2;
+            unsigned r = 16 * w + g + 8 * (i / 2), n = 8 * j + 2 * q + i % 2;
             float acc = d[4 * j + i];
-            for (unsigned k = 0; k < 16; k++) acc += A(r, k) * B(k, n);
+            for (unsigned k = 0; k < 16; k++) acc += emu_swizzled_bf16(da, r, k) * emu_swizzled_bf16(db, n, k);
             d[4 * j + i] = acc;
         }
 }

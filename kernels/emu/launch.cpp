@@ -9,6 +9,7 @@
 #include "../moe.cu"
 #include "../mma.cu"
 #include "../moe_gemm.cu"
+#include "../moe_wgmma.cu"
 #include "../mla.cu"
 #include "../mla_grouped.cu"
 #include "../dummy.cu"

@@ -118,10 +118,13 @@ int main() {
             std::vector<float> h(n * I, NAN), y(n * H, NAN), out(M * H, NAN);
             std::vector<u16> xs(MG_ASYNC ? n * 2 * H : 0, 0xffff);  // NaN bits where unwritten
             if (MG_ASYNC && !c.fp8) emu_launch(n, 1, MG_THREADS, [&] { moe_gemm_split(plan.data(), maxa, x.data(), KS, H, xs.data()); });
+            // wgmma kernels: the tokens' bf16 parts, and h as bf16 parts in h's bytes.
+            std::vector<u16> xw(wg ? M * 2 * H : 0, 0xffff);
+            if (wg && !c.fp8) emu_launch(M, 1, 128, [&] { moe_wg_split(x.data(), H, xw.data()); });
             const void* gx = MG_ASYNC && !c.fp8 ? (const void*)xs.data() : (const void*)x.data();
             emu_launch(tiles, (I + 63) / 64, MG_THREADS, [&] {
                 if (c.fp8) moe_gemm_gate_up_fp8(tgu.data(), tgus.data(), scg, BR, BC, plan.data(), maxa, n, x.data(), h.data(), KS, H, I, flags.data(), md);
-                else if (wg) moe_wg_gate_up_bf16(tgu.data(), plan.data(), maxa, n, x.data(), h.data(), KS, H, I, flags.data(), md);
+                else if (wg) moe_wg_gate_up_bf16(tgu.data(), plan.data(), maxa, n, xw.data(), h.data(), KS, H, I, flags.data(), md);
                 else moe_gemm_gate_up_bf16(tgu.data(), plan.data(), maxa, n, gx, h.data(), KS, H, I, flags.data(), md);
             });
             emu_launch(tiles, (H + 127) / 128, MG_THREADS, [&] {

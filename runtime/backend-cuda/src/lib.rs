@@ -189,6 +189,7 @@ pub const KERNELS: &[&str] = &[
     "moe_gemm_split",
     "moe_wg_gate_up_bf16",
     "moe_wg_down_bf16",
+    "moe_wg_split",
     "moe_combine",
     "mla_decode",
     "mla_decode_bf16",

@@ -62,11 +62,16 @@ fn gemm_smem(fp8: bool) -> u32 {
     (stages * (2 * TILE_ROWS + GEMM_ROWS) * (v.k + 8) * 2) as u32
 }
 
-/// Columns per stage of the wgmma expert GEMM (`WG_BK`) and its dynamic shared bytes per block
-/// (`WG_SMEM_BYTES`: two stages of 128 swizzled weight rows and both activation parts of 64
-/// rows, rows of 72 bf16, plus 1 KiB to align the stages).
+/// Columns per stage of the wgmma expert GEMM (`WG_BK`).
 const WG_COLS: usize = 64;
-const WG_SMEM: u32 = (2 * (GEMM_ROWS * 128 + 2 * TILE_ROWS * (WG_COLS + 8) * 2) + 1024) as u32;
+
+/// Dynamic shared bytes per block of the wgmma expert GEMM (`WG_SMEM_BYTES`): its stages
+/// (`WEFT_WG_STAGES`, default 3) of 128 weight rows and both activation parts of 64 rows, 128
+/// bytes a row, plus 1 KiB to align them.
+fn wg_smem() -> u32 {
+    let stages: usize = kernel_define("WEFT_WG_STAGES").and_then(|v| v.parse().ok()).unwrap_or(3);
+    (stages * (GEMM_ROWS + 2 * TILE_ROWS) * 128 + 1024) as u32
+}
 
 /// How the expert kernels run: one entry per active expert (a single decoding token), a few
 /// entries on CUDA cores, tensor cores, or the grouped GEMM.
@@ -365,13 +370,22 @@ impl CudaBackend {
         // bf16 experts on sm_90a: the wgmma kernels (same arguments and grids), whose stages are
         // 64 columns of both products.
         let wg = self.wgmma && fp8 == 0 && hidden % WG_COLS == 0 && inter % WG_COLS == 0;
-        let smem = if wg { WG_SMEM } else { gemm_smem(fp8 == 1) };
+        let smem = if wg { wg_smem() } else { gemm_smem(fp8 == 1) };
         let cfg = |slices: usize| LaunchConfig { grid_dim: (tiles, slices as u32, 1), block_dim: (GEMM_THREADS, 1, 1), shared_mem_bytes: smem };
-        // The cp.async variant's bf16 kernels take two-part bf16 rows in plan order (the split
-        // pass for gate|up, h as gate|up writes it: the same bytes as its f32 rows), f32 rows
-        // otherwise.
+        // The wgmma kernels take the tokens' bf16 parts (a split pass per token) and give h as
+        // bf16 parts; the cp.async variant's bf16 kernels take two-part bf16 rows in plan order
+        // (the split pass for gate|up, h as gate|up writes it); both in the bytes of f32 rows.
+        // f32 rows otherwise.
         let parts = fp8 == 0 && !wg && gemm_variant().async_stages.is_some();
-        let xs = if parts {
+        let xs = if wg {
+            let tokens = n / k;
+            let mut xs = self.alloc::<u32>(tokens * hidden)?;
+            let hidden32 = hidden as u32;
+            let mut l = self.stream.launch_builder(self.func("moe_wg_split"));
+            l.arg(x).arg(&hidden32).arg(&mut xs);
+            unsafe { l.launch(LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (GEMM_THREADS, 1, 1), shared_mem_bytes: 0 }) }.map_err(dev)?;
+            Some(xs)
+        } else if parts {
             let mut xs = self.alloc::<u32>(n * hidden)?;
             let hidden32 = hidden as u32;
             let mut l = self.stream.launch_builder(self.func("moe_gemm_split"));

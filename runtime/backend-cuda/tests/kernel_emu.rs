@@ -50,7 +50,7 @@ fn sampling_front_end_on_the_cpu_emulator() {
 }
 
 /// The grouped GEMM as built by default, and its measured variants: cp.async stages over
-/// two-part bf16 operands, 64-column stages.
+/// two-part bf16 operands, 64-column stages; and moe_wgmma.cu's kernels (wgmma emulated).
 #[test]
 fn prefill_moe_gemm_on_the_cpu_emulator() {
     run_emulated("moe_gemm_test");

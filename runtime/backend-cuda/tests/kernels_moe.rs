@@ -34,19 +34,25 @@ fn check_moe(g: &CudaBackend, c: &CpuBackend, r: &mut Rng, cfg: &RouterConfig, e
 /// experts serving many entries, in several passes.
 #[allow(clippy::too_many_arguments)]
 fn check_moe_favouring(g: &CudaBackend, c: &CpuBackend, r: &mut Rng, cfg: &RouterConfig, experts: &BothExperts, m: usize, hidden: usize, name: &str, tol: f32, favoured: &[usize]) {
-    let e = cfg.n_experts;
+    let (x, logits, bias, shared) = moe_inputs(r, cfg.n_experts, m, hidden, favoured);
+    let got =
+        g.download(&g.moe(&g.upload(&x).unwrap(), &g.upload(&logits).unwrap(), &g.upload(&bias).unwrap(), cfg, &experts.0, shared.as_ref().map(|s| g.upload(s).unwrap()).as_ref()).unwrap()).unwrap();
+    let want = c.moe(&x, &logits, &bias, cfg, &experts.1, shared.as_ref()).unwrap();
+    check(name, &got, &want, tol);
+}
+
+/// Tokens, router logits and bias for `m` tokens over `e` experts, every token choosing those in
+/// `favoured`; on even `m` a shared experts' output for the combine to add.
+type MoeInputs = (Vec<f32>, Vec<f32>, Vec<f32>, Option<Vec<f32>>);
+fn moe_inputs(r: &mut Rng, e: usize, m: usize, hidden: usize, favoured: &[usize]) -> MoeInputs {
     let x = r.vec(m * hidden, 1.0);
     let logits = r.vec(m * e, 3.0);
     let mut bias = r.vec(e, 0.3);
     for &f in favoured {
         bias[f] = 10.0;
     }
-    // Every other call adds a shared experts' output in the combine.
     let shared = (m % 2 == 0).then(|| r.vec(m * hidden, 1.0));
-    let got =
-        g.download(&g.moe(&g.upload(&x).unwrap(), &g.upload(&logits).unwrap(), &g.upload(&bias).unwrap(), cfg, &experts.0, shared.as_ref().map(|s| g.upload(s).unwrap()).as_ref()).unwrap()).unwrap();
-    let want = c.moe(&x, &logits, &bias, cfg, &experts.1, shared.as_ref()).unwrap();
-    check(name, &got, &want, tol);
+    (x, logits, bias, shared)
 }
 
 #[test]
@@ -210,13 +216,7 @@ fn moe_wgmma_matches_cpu_and_mma_sync() {
     let cfg = RouterConfig { n_experts: e, top_k: 6, n_group: 1, topk_group: 1, norm_topk_prob: true, routed_scaling_factor: 2.446 };
     let experts = experts_on_both(&g, &c, &mut r, e, hidden, inter, |r, rows, cols| bf16_matrix(r, rows, cols, 0.05));
     for (m, favoured) in [(70usize, &[][..]), (299, &[5][..]), (640, &[][..])] {
-        let x = r.vec(m * hidden, 1.0);
-        let logits = r.vec(m * e, 3.0);
-        let mut bias = r.vec(e, 0.3);
-        for &f in favoured {
-            bias[f] = 10.0;
-        }
-        let shared = (m % 2 == 0).then(|| r.vec(m * hidden, 1.0));
+        let (x, logits, bias, shared) = moe_inputs(&mut r, e, m, hidden, favoured);
         let want = c.moe(&x, &logits, &bias, &cfg, &experts.1, shared.as_ref()).unwrap();
         let (xg, lg, bg, sg) = (g.upload(&x).unwrap(), g.upload(&logits).unwrap(), g.upload(&bias).unwrap(), shared.as_ref().map(|s| g.upload(s).unwrap()));
         let mut got = vec![];
