@@ -104,6 +104,10 @@ __device__ __forceinline__ void fp8x16_to_bf16(uint4 v, uint4& lo, uint4& hi) {
     hi = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
+// Whether plan row i takes its second activation part in a two-part tile (mode as
+// mg_tile_two_parts: 1 every row, 2 rows of tokens whose flag is set; ent: the plan's entries).
+__device__ __forceinline__ bool mg_row_two_parts(const u32* ent, u32 i, u32 ek, const u32* flags, u32 mode) { return mode != 2 || flags[ent[i] / ek] != 0; }
+
 // x: f32 activations (gate|up: token rows, gathered by entry; down: h, plan rows), or with
 // cp.async the two bf16 parts of each plan row ([plan row][2 · cols]: hi, then lo). out: gate|up
 // h (f32 [plan row][inter], or bf16 parts [plan row][2 · inter] with cp.async), down y.
@@ -142,7 +146,7 @@ __device__ void moe_gemm_body(ExpertTable T, const u32* plan, u32 maxa, u32 n, c
     // rows (likewise by WQ); the cp.async path copies the same weight pieces.
     constexpr int XL = MG_BM * MG_XQ / MG_THREADS, WQ = FP8 ? MG_FQ : MG_WQ, WL = MG_BN * WQ / MG_THREADS;
     // Whether plan row i takes its second part.
-    auto lo_row = [&](u32 i) -> bool { return PARTS == 2 && (mode != 2 || flags[ent[i] / ek] != 0); };
+    auto lo_row = [&](u32 i) -> bool { return PARTS == 2 && mg_row_two_parts(ent, i, ek, flags, mode); };
     const float* xp[XL];
     bool xk[XL];
 #pragma unroll
@@ -379,18 +383,22 @@ extern "C" __global__ void MG_BOUNDS moe_gemm_down_fp8(const u64* w, const u64* 
     moe_gemm_tile<1, 0>(Tb, plan, maxa, n, h, y, 0, hidden, inter, inter, k, flags, mode);
 }
 
-// With WEFT_MG_ASYNC: the gate|up operand as two bf16 parts per plan row, xs[i] = (hi, lo) of
-// x[token of entry i] ([plan row][2 · cols]). One block per plan row (grid n), rows past the
-// plan's entries exit.
-extern "C" __global__ void moe_gemm_split(const u32* plan, u32 maxa, const float* x, u32 k, u32 cols, u16* xs) { WEFT_PDL_ENTRY();
-    const u32 i = blockIdx.x;
-    if (i >= plan[1 + maxa + plan[0]]) return;
-    const float* xr = x + (i64)(plan[2 + 2 * maxa + i] / k) * cols;
-    u16* o = xs + (i64)i * 2 * cols;
+// One f32 row of `cols` values as its bf16 parts, o = (hi [cols], lo [cols]), by the block's
+// threads (float4 steps).
+__device__ __forceinline__ void split_row_parts(const float* xr, u16* o, u32 cols) {
     for (u32 c = 4 * threadIdx.x; c < cols; c += 4 * blockDim.x) {
         uint2 h, l;
         split_bf16x4(*(const float4*)(xr + c), h, l);
         *(uint2*)(o + c) = h;
         *(uint2*)(o + cols + c) = l;
     }
+}
+
+// With WEFT_MG_ASYNC: the gate|up operand as two bf16 parts per plan row, xs[i] = (hi, lo) of
+// x[token of entry i] ([plan row][2 · cols]). One block per plan row (grid n), rows past the
+// plan's entries exit.
+extern "C" __global__ void moe_gemm_split(const u32* plan, u32 maxa, const float* x, u32 k, u32 cols, u16* xs) { WEFT_PDL_ENTRY();
+    const u32 i = blockIdx.x;
+    if (i >= plan[1 + maxa + plan[0]]) return;
+    split_row_parts(x + (i64)(plan[2 + 2 * maxa + i] / k) * cols, xs + (i64)i * 2 * cols, cols);
 }

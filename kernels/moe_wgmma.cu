@@ -130,7 +130,7 @@ __device__ void moe_wg_body(const u64* w, const u32* plan, u32 maxa, u32 n, cons
     for (int j = 0; j < 4; j++) {
         const u32 i = i0 + tid / 8 + 16 * j;
         xp[j] = i < i1 ? xs + (i64)(GATED ? ent[i] / k : i) * 2 * cols + 8 * wc : nullptr;
-        xk[j] = i < i1 && PARTS == 2 && (mode != 2 || flags[ent[i] / ek] != 0);
+        xk[j] = i < i1 && PARTS == 2 && mg_row_two_parts(ent, i, ek, flags, mode);
     }
     auto issue = [&](u32 kt) {
         unsigned char* b = sm + (kt % WG_STAGES) * WG_STAGE_BYTES;
@@ -217,12 +217,5 @@ extern "C" __global__ void __launch_bounds__(MG_THREADS) moe_wg_down_bf16(const 
 // x [tokens, cols] (f32) as bf16 parts xs [tokens][2 · cols]: the rounding, then what it lost.
 // Grid (tokens), 128 threads.
 extern "C" __global__ void moe_wg_split(const float* x, u32 cols, u16* xs) { WEFT_PDL_ENTRY();
-    const float* xr = x + (i64)blockIdx.x * cols;
-    u16* o = xs + (i64)blockIdx.x * 2 * cols;
-    for (u32 c = 4 * threadIdx.x; c < cols; c += 4 * blockDim.x) {
-        uint2 h, l;
-        split_bf16x4(*(const float4*)(xr + c), h, l);
-        *(uint2*)(o + c) = h;
-        *(uint2*)(o + cols + c) = l;
-    }
+    split_row_parts(x + (i64)blockIdx.x * cols, xs + (i64)blockIdx.x * 2 * cols, cols);
 }
