@@ -19,14 +19,26 @@
 #define WG_BK 64
 #define WG_B_BYTES (MG_BN * 128)  // one stage's weights: 128 rows of 64 bf16
 #define WG_A_BYTES (MG_BM * 128)  // one stage's activation part: 64 rows of 64 bf16
-#define WG_STAGE_BYTES (WG_B_BYTES + 2 * WG_A_BYTES)  // 32 KiB: a multiple of 1024
+// One stage: the weights and PARTS activation parts (24 or 32 KiB: multiples of 1024). One-part
+// launches (mode 0) ask for one-part stages only, so three blocks fit an SM.
+#define WG_STAGE_BYTES(PARTS) (WG_B_BYTES + (PARTS) * WG_A_BYTES)
 #ifdef WEFT_WG_STAGES
 #define WG_STAGES WEFT_WG_STAGES
 #else
 #define WG_STAGES 3
 #endif
+// wgmma groups a warpgroup leaves in flight while it loads the next stage (WEFT_WG_INFLIGHT, 0 or
+// 1): with 1 the tensor cores work on stage kt while the block waits for stage kt + 1, and loads
+// run WG_STAGES - 2 stages ahead instead of WG_STAGES - 1 (a stage is refilled only after the
+// products that read it are done).
+#ifdef WEFT_WG_INFLIGHT
+#define WG_INFLIGHT WEFT_WG_INFLIGHT
+#else
+#define WG_INFLIGHT 0
+#endif
+#define WG_AHEAD (WG_STAGES - 1 - WG_INFLIGHT)
 // Dynamic shared bytes a block asks for: the stages and room to align them to 1024 bytes.
-#define WG_SMEM_BYTES (WG_STAGES * WG_STAGE_BYTES + 1024)
+#define WG_SMEM_BYTES(PARTS) (WG_STAGES * WG_STAGE_BYTES(PARTS) + 1024)
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) && !defined(WEFT_NO_PTX)
 // A K-major operand of 8-row groups 1024 bytes apart, 128-byte swizzle (descriptor bits: start
@@ -38,7 +50,8 @@ __device__ __forceinline__ u64 wg_desc(const void* p) {
 }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
 // Shared memory written by this thread (cp.async, stores) visible to the async proxy wgmma reads.
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 // The shared offset of p rounded up to 1024 bytes, as a generic pointer.
@@ -72,7 +85,8 @@ __device__ __forceinline__ void wgmma_n128_ss(float (&d)[64], u64 da, u64 db) {
 __device__ __forceinline__ u64 wg_desc(const void* p) { return (u64)(uintptr_t)p; }
 __device__ __forceinline__ void wg_fence() {}
 __device__ __forceinline__ void wg_commit() {}
-__device__ __forceinline__ void wg_wait_all() {}
+template <int N>
+__device__ __forceinline__ void wg_wait() {}
 __device__ __forceinline__ void fence_async_shared() {}
 __device__ __forceinline__ unsigned char* wg_align1024(void* p) { return (unsigned char*)(((uintptr_t)p + 1023) & ~(uintptr_t)1023); }
 __device__ __forceinline__ void wgmma_n128_ss(float (&d)[64], u64 da, u64 db) { emu_wgmma_n128_ss(d, da, db); }
@@ -82,7 +96,8 @@ __device__ __forceinline__ void wgmma_n128_ss(float (&d)[64], u64 da, u64 db) { 
 __device__ __forceinline__ u64 wg_desc(const void*) { return 0; }
 __device__ __forceinline__ void wg_fence() {}
 __device__ __forceinline__ void wg_commit() {}
-__device__ __forceinline__ void wg_wait_all() {}
+template <int N>
+__device__ __forceinline__ void wg_wait() {}
 __device__ __forceinline__ void fence_async_shared() {}
 __device__ __forceinline__ unsigned char* wg_align1024(void* p) { return (unsigned char*)p; }
 #if defined(WEFT_NO_PTX)
@@ -133,7 +148,7 @@ __device__ void moe_wg_body(const u64* w, const u32* plan, u32 maxa, u32 n, cons
         xk[j] = i < i1 && PARTS == 2 && mg_row_two_parts(ent, i, ek, flags, mode);
     }
     auto issue = [&](u32 kt) {
-        unsigned char* b = sm + (kt % WG_STAGES) * WG_STAGE_BYTES;
+        unsigned char* b = sm + (kt % WG_STAGES) * WG_STAGE_BYTES(PARTS);
         const u32 c0 = kt * WG_BK;
 #pragma unroll
         for (int j = 0; j < 8; j++) cp_async16(b + (tid / 8 + 16 * j) * 128 + sw, wp[j] ? wp[j] + c0 : W, wp[j] ? 16u : 0u);
@@ -149,25 +164,28 @@ __device__ void moe_wg_body(const u64* w, const u32* plan, u32 maxa, u32 n, cons
     for (int i = 0; i < 64; i++) acc[i] = 0.f;
     const u32 stages = cols / WG_BK;
 #pragma unroll
-    for (int s0 = 0; s0 < WG_STAGES - 1; s0++) {
+    for (int s0 = 0; s0 < WG_AHEAD; s0++) {
         if ((u32)s0 < stages) issue(s0);
         cp_async_commit();
     }
     for (u32 kt = 0; kt < stages; kt++) {
-        cp_async_wait<WG_STAGES - 2>();
+        cp_async_wait<WG_AHEAD - 1>();
         fence_async_shared();
-        __syncthreads();  // stage kt landed for every thread; every wgmma of stage kt - 1 is done
-        if (kt + WG_STAGES - 1 < stages) issue(kt + WG_STAGES - 1);
+        // Stage kt landed for every thread; every wgmma of stage kt - 1 - WG_INFLIGHT is done,
+        // so its stage, (kt + WG_AHEAD) % WG_STAGES, may be refilled.
+        __syncthreads();
+        if (kt + WG_AHEAD < stages) issue(kt + WG_AHEAD);
         cp_async_commit();
-        const unsigned char* st = sm + (kt % WG_STAGES) * WG_STAGE_BYTES;
+        const unsigned char* st = sm + (kt % WG_STAGES) * WG_STAGE_BYTES(PARTS);
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < WG_BK / 16; ks++)
 #pragma unroll
             for (int p = 0; p < PARTS; p++) wgmma_n128_ss(acc, wg_desc(st + WG_B_BYTES + p * WG_A_BYTES + 32 * ks), wg_desc(st + 32 * ks));
         wg_commit();
-        wg_wait_all();
+        wg_wait<WG_INFLIGHT>();
     }
+    wg_wait<0>();
 
 #pragma unroll
     for (int h8 = 0; h8 < 2; h8++) {
@@ -184,7 +202,7 @@ __device__ void moe_wg_body(const u64* w, const u32* plan, u32 maxa, u32 n, cons
                 u32 hi, lo;
                 split_bf16x2(g0 / (1.0f + expf(-g0)) * u0, g1 / (1.0f + expf(-g1)) * u1, hi, lo);
                 *(u32*)(ho + p) = hi;
-                *(u32*)(ho + inter + p) = lo;
+                if (mode != 0) *(u32*)(ho + inter + p) = lo;  // mode 0: down reads no second part
             }
         } else {
             float* y = (float*)out;
@@ -204,7 +222,8 @@ __device__ __forceinline__ void moe_wg_tile(const u64* w, const u32* plan, u32 m
     else moe_wg_body<GATED, 1>(w, plan, maxa, n, (const u16*)x, out, k, rows, cols, inter, flags, ek, mode);
 }
 
-// As moe_gemm_gate_up_bf16 / moe_gemm_down_bf16 (same grids; dynamic shared size WG_SMEM_BYTES),
+// As moe_gemm_gate_up_bf16 / moe_gemm_down_bf16 (same grids; dynamic shared size
+// WG_SMEM_BYTES(1) for mode 0, WG_SMEM_BYTES(2) otherwise),
 // over bf16 parts: xs from moe_wg_split ([tokens][2 · hidden]), h as gate|up writes it
 // ([plan rows][2 · inter]).
 extern "C" __global__ void __launch_bounds__(MG_THREADS) moe_wg_gate_up_bf16(const u64* w, const u32* plan, u32 maxa, u32 n, const void* xs, void* h, u32 k, u32 hidden, u32 inter, const u32* flags, u32 mode) { WEFT_PDL_ENTRY();

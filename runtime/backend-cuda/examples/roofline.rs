@@ -23,7 +23,7 @@
 //! and lm_head), and a table of NCCL all-reduce times at each batch's size comes first: per
 //! call and per step (two all-reduces a layer).
 //!
-//! `roofline DIR --dummy [--batch 1,8,32,64] [--ctx 1024,4096] [--prefill 1024] [--steps 8] [--kv-cache-dtype f32|bf16] [--tensor-parallel N [--expert-parallel] [--allreduce-only]]`
+//! `roofline DIR --dummy [--batch 1,8,32,64] [--ctx 1024,4096] [--prefill 1024,1024x4] [--steps 8] [--kv-cache-dtype f32|bf16] [--tensor-parallel N [--expert-parallel] [--allreduce-only]]`
 
 use std::path::PathBuf;
 use std::sync::{Arc, Barrier};
@@ -37,6 +37,20 @@ const PAGE: usize = 64;
 
 fn list(args: &[String], flag: &str, default: &[usize]) -> Vec<usize> {
     args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect()).unwrap_or_else(|| default.to_vec())
+}
+
+/// `--prefill 1024,4096,1024x4`: (tokens per prompt, prompts) of each prefill step; `NxP` is P
+/// prompts of N tokens in one step (chunked prefill of several requests, as the engine batches
+/// them), plain `N` one prompt.
+fn prefill_list(args: &[String]) -> Vec<(usize, usize)> {
+    let Some(v) = args.iter().position(|a| a == "--prefill").and_then(|i| args.get(i + 1)) else { return vec![(1024, 1)] };
+    v.split(',')
+        .filter_map(|x| match x.split_once('x') {
+            Some((n, p)) => Some((n.parse().ok()?, p.parse().ok()?)),
+            None => Some((x.parse().ok()?, 1)),
+        })
+        .filter(|&(n, p)| n > 0 && p > 0)
+        .collect()
 }
 
 /// Bytes per element of the decoder layers' projections (fp8 checkpoints keep them in fp8).
@@ -167,7 +181,7 @@ fn main() {
     let dummy = args.iter().any(|a| a == "--dummy");
     let batches = list(&args, "--batch", &[1, 8, 32, 64]);
     let ctxs = list(&args, "--ctx", &[1024, 4096]);
-    let prefill = list(&args, "--prefill", &[1024]);
+    let prefill = prefill_list(&args);
     let steps = list(&args, "--steps", &[8])[0];
     let kv = args.iter().position(|a| a == "--kv-cache-dtype").map_or(KvDtype::F32, |i| KvDtype::parse(args.get(i + 1).map_or("", |s| s.as_str())).unwrap());
     let tp = list(&args, "--tensor-parallel", &[1])[0].max(1);
@@ -256,8 +270,13 @@ fn main() {
     let (free, _) = be.memory_info().unwrap_or((0, 0));
     let budget_pages = (free.saturating_sub(6 << 30)) / width_bytes;
     let need = |b: usize, ctx: usize| b * (ctx + 2 * steps + 4).div_ceil(PAGE);
-    let max_pages =
-        batches.iter().flat_map(|&b| ctxs.iter().map(move |&x| need(b, x))).filter(|&p| p <= budget_pages).max().unwrap_or(0).max(prefill.iter().map(|p| p.div_ceil(PAGE)).max().unwrap_or(0));
+    let max_pages = batches
+        .iter()
+        .flat_map(|&b| ctxs.iter().map(move |&x| need(b, x)))
+        .filter(|&p| p <= budget_pages)
+        .max()
+        .unwrap_or(0)
+        .max(prefill.iter().map(|&(n, p)| p * n.div_ceil(PAGE)).max().unwrap_or(0));
     let mut pool = model.alloc_kv_pool(max_pages, PAGE).unwrap();
 
     println!();
@@ -354,18 +373,21 @@ fn main() {
     println!();
     println!("| prefill tokens | ms | tok/s | TFLOP/s | % of GEMM rate | host enqueue ms |");
     println!("| ---: | ---: | ---: | ---: | ---: | ---: |");
-    for &n in &prefill {
-        let table: Vec<u32> = (0..n.div_ceil(PAGE) as u32).collect();
-        let tokens: Vec<u32> = (0..n as u64).map(|i| ((i * 2654435761 + 17) % (c.vocab_size as u64 - 200) + 100) as u32).collect();
-        let positions: Vec<u32> = (0..n as u32).collect();
-        let slots: Vec<u32> = positions.iter().map(|&p| table[p as usize / PAGE] * PAGE as u32 + p % PAGE as u32).collect();
-        let attn: Vec<AttnRow<'_>> = (0..n).map(|i| AttnRow { block_table: &table, ctx_len: i + 1 }).collect();
+    for &(n, prompts) in &prefill {
+        // Prompt j: its own pages, positions 0..n, rows j·n.. of the step.
+        let pages = n.div_ceil(PAGE);
+        let tables: Vec<Vec<u32>> = (0..prompts).map(|j| ((j * pages) as u32..((j + 1) * pages) as u32).collect()).collect();
+        let tokens: Vec<u32> = (0..(n * prompts) as u64).map(|i| ((i * 2654435761 + 17) % (c.vocab_size as u64 - 200) + 100) as u32).collect();
+        let positions: Vec<u32> = (0..prompts).flat_map(|_| 0..n as u32).collect();
+        let slots: Vec<u32> = (0..n * prompts).map(|r| tables[r / n][(r % n) / PAGE] * PAGE as u32 + ((r % n) % PAGE) as u32).collect();
+        let attn: Vec<AttnRow<'_>> = (0..n * prompts).map(|r| AttnRow { block_table: &tables[r / n], ctx_len: r % n + 1 }).collect();
         let batch = StepBatch { tokens: &tokens, positions: &positions, slots: &slots, attn: &attn, exact_rows: &[] };
+        let lasts: Vec<u32> = (1..=prompts).map(|j| (j * n - 1) as u32).collect();
         let (mut best, mut enqueue) = (f64::MAX, 0.0);
         for _ in 0..3 {
             let t = Instant::now();
             let hidden = model.forward_hidden(&mut pool, &batch).unwrap();
-            let last = be.gather_rows(&hidden, c.hidden_size, &[n as u32 - 1]).unwrap();
+            let last = be.gather_rows(&hidden, c.hidden_size, &lasts).unwrap();
             let logits = model.logits(&last).unwrap();
             let queued = t.elapsed().as_secs_f64();
             be.download(&logits).unwrap();
@@ -374,7 +396,8 @@ fn main() {
                 (best, enqueue) = (took, queued);
             }
         }
-        let flops = prefill_flops(c, n);
-        println!("| {n} | {:.1} | {:.0} | {:.1} | {:.1} % | {:.1} |", best * 1e3, n as f64 / best, flops / best / 1e12, 100.0 * flops / best / gemm_rate, enqueue * 1e3);
+        let flops = prefill_flops(c, n) * prompts as f64;
+        let label = if prompts == 1 { n.to_string() } else { format!("{n} × {prompts}") };
+        println!("| {label} | {:.1} | {:.0} | {:.1} | {:.1} % | {:.1} |", best * 1e3, (n * prompts) as f64 / best, flops / best / 1e12, 100.0 * flops / best / gemm_rate, enqueue * 1e3);
     }
 }

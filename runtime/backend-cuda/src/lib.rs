@@ -463,6 +463,23 @@ fn keep_pool_memory(ctx: &CudaContext) {
     }
 }
 
+/// The files of `KERNEL_SOURCE`, in its order.
+const KERNEL_FILES: &[&str] = &["weft_port.h", "weft.cu", "gemv.cu", "moe.cu", "mma.cu", "moe_gemm.cu", "moe_wgmma.cu", "mla.cu", "mla_grouped.cu", "dummy.cu", "sample.cu", "gemm.cu"];
+
+/// The kernels' source: the built-in one, or with `WEFT_CUDA_KERNEL_DIR=<dir>` the files of
+/// `KERNEL_FILES` read from that folder at start-up — for kernel experiments on a GPU machine
+/// that has no Rust toolchain (the host code's launches must still match the kernels).
+fn kernel_source() -> Result<std::borrow::Cow<'static, str>> {
+    let Ok(dir) = std::env::var("WEFT_CUDA_KERNEL_DIR") else { return Ok(KERNEL_SOURCE.into()) };
+    let mut s = String::new();
+    for f in KERNEL_FILES {
+        let p = std::path::Path::new(&dir).join(f);
+        s += &std::fs::read_to_string(&p).map_err(|e| BackendError::Device(format!("WEFT_CUDA_KERNEL_DIR: reading {}: {e}", p.display())))?;
+        s.push('\n');
+    }
+    Ok(s.into())
+}
+
 /// Compiles every kernel in `kernels/` with NVRTC for `arch` (e.g. "sm_90a"), as the backend
 /// does when it starts. Needs only NVRTC, no GPU (the compile test runs it for every target).
 pub fn compile_kernels(arch: &'static str) -> Result<cudarc::nvrtc::Ptx> {
@@ -472,7 +489,8 @@ pub fn compile_kernels(arch: &'static str) -> Result<cudarc::nvrtc::Ptx> {
         options.extend(defs.split(',').filter(|d| !d.is_empty() && d.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '=')).map(|d| format!("-D{d}")));
     }
     let opts = cudarc::nvrtc::CompileOptions { arch: Some(arch), options, ..Default::default() };
-    std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(KERNEL_SOURCE, opts))
+    let source = kernel_source()?;
+    std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(&*source, opts))
         .map_err(|_| unavailable("NVRTC could not be loaded".into()))?
         .map_err(|e| BackendError::Device(format!("compiling kernels/ for {arch}: {e}")))
 }
@@ -706,5 +724,16 @@ impl CudaBackend {
         #[cfg(not(feature = "cuda"))]
         let graph = self.stream.end_capture(flags).map_err(dev)?;
         graph.ok_or_else(|| BackendError::Device("the capture recorded nothing".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// `WEFT_CUDA_KERNEL_DIR` reads the same files in the same order as the built-in source.
+    #[test]
+    fn kernel_files_make_the_built_in_source() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels");
+        let joined: Vec<String> = super::KERNEL_FILES.iter().map(|f| std::fs::read_to_string(dir.join(f)).unwrap()).collect();
+        assert_eq!(joined.join("\n"), super::KERNEL_SOURCE);
     }
 }

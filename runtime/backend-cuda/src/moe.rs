@@ -65,12 +65,17 @@ fn gemm_smem(fp8: bool) -> u32 {
 /// Columns per stage of the wgmma expert GEMM (`WG_BK`).
 const WG_COLS: usize = 64;
 
-/// Dynamic shared bytes per block of the wgmma expert GEMM (`WG_SMEM_BYTES`): its stages
-/// (`WEFT_WG_STAGES`, default 3) of 128 weight rows and both activation parts of 64 rows, 128
-/// bytes a row, plus 1 KiB to align them.
-fn wg_smem() -> u32 {
+/// Dynamic shared bytes per block of the wgmma expert GEMM (`WG_SMEM_BYTES(parts)`): its
+/// stages (`WEFT_WG_STAGES`, default 3) of 128 weight rows and `parts` activation parts of 64
+/// rows, 128 bytes a row, plus 1 KiB to align them. One-part launches (mode 0) ask for one-part
+/// stages, so three blocks share an SM instead of two (`WEFT_CUDA_WG_TIGHT=0`: the two-part size
+/// always, for A/B runs).
+fn wg_smem(parts: usize) -> u32 {
+    static TIGHT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let tight = *TIGHT.get_or_init(|| std::env::var("WEFT_CUDA_WG_TIGHT").map_or(true, |v| v != "0"));
+    let parts = if tight { parts } else { 2 };
     let stages: usize = kernel_define("WEFT_WG_STAGES").and_then(|v| v.parse().ok()).unwrap_or(3);
-    (stages * (GEMM_ROWS + 2 * TILE_ROWS) * 128 + 1024) as u32
+    (stages * (GEMM_ROWS + parts * TILE_ROWS) * 128 + 1024) as u32
 }
 
 /// How the expert kernels run: one entry per active expert (a single decoding token), a few
@@ -370,7 +375,7 @@ impl CudaBackend {
         // bf16 experts on sm_90a: the wgmma kernels (same arguments and grids), whose stages are
         // 64 columns of both products.
         let wg = self.wgmma && fp8 == 0 && hidden % WG_COLS == 0 && inter % WG_COLS == 0;
-        let smem = if wg { wg_smem() } else { gemm_smem(fp8 == 1) };
+        let smem = if wg { wg_smem(if mode == 0 { 1 } else { 2 }) } else { gemm_smem(fp8 == 1) };
         let cfg = |slices: usize| LaunchConfig { grid_dim: (tiles, slices as u32, 1), block_dim: (GEMM_THREADS, 1, 1), shared_mem_bytes: smem };
         // The wgmma kernels take the tokens' bf16 parts (a split pass per token) and give h as
         // bf16 parts; the cp.async variant's bf16 kernels take two-part bf16 rows in plan order
