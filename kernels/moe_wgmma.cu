@@ -14,14 +14,17 @@
 // gate|up: shared weight rows 0-63 are the block's 64 gate rows, 64-127 their up rows, so
 // SiLU(gate) · up pairs d[4j..] with d[4(j + 8)..]; h leaves as bf16 parts [plan row][2 · inter]
 // (hi, then lo). down: 128 output rows into y[entry, hidden] (f32) as moe_gemm_down.
+// The moe_wg2_* entries run two warpgroups per block over two consecutive 64-row tiles of one
+// expert, sharing each stage's 128 weight rows (moe_wg_body, WGS = 2).
 // The host takes this path on sm_90a for bf16 experts whose hidden and intermediate sizes are
 // multiples of 64 (runtime/backend-cuda/src/moe.rs; `WEFT_CUDA_WGMMA=0` keeps moe_gemm.cu's).
 #define WG_BK 64
 #define WG_B_BYTES (MG_BN * 128)  // one stage's weights: 128 rows of 64 bf16
 #define WG_A_BYTES (MG_BM * 128)  // one stage's activation part: 64 rows of 64 bf16
-// One stage: the weights and PARTS activation parts (24 or 32 KiB: multiples of 1024). One-part
-// launches (mode 0) ask for one-part stages only, so three blocks fit an SM.
-#define WG_STAGE_BYTES(PARTS) (WG_B_BYTES + (PARTS) * WG_A_BYTES)
+// One stage of a block of WGS warpgroups (64 plan rows each): the weights and PARTS activation
+// parts of its rows (multiples of 1024 bytes). One-part launches (mode 0) ask for one-part
+// stages only (WGS 1: 24 KiB, so three blocks fit an SM).
+#define WG_STAGE_BYTES(PARTS, WGS) (WG_B_BYTES + (PARTS) * (WGS) * WG_A_BYTES)
 #ifdef WEFT_WG_STAGES
 #define WG_STAGES WEFT_WG_STAGES
 #else
@@ -38,7 +41,7 @@
 #endif
 #define WG_AHEAD (WG_STAGES - 1 - WG_INFLIGHT)
 // Dynamic shared bytes a block asks for: the stages and room to align them to 1024 bytes.
-#define WG_SMEM_BYTES(PARTS) (WG_STAGES * WG_STAGE_BYTES(PARTS) + 1024)
+#define WG_SMEM_BYTES(PARTS, WGS) (WG_STAGES * WG_STAGE_BYTES(PARTS, WGS) + 1024)
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) && !defined(WEFT_NO_PTX)
 // A K-major operand of 8-row groups 1024 bytes apart, 128-byte swizzle (descriptor bits: start
@@ -108,32 +111,44 @@ __device__ __forceinline__ unsigned char* wg_align1024(void* p) { return (unsign
 __device__ __forceinline__ void wgmma_n128_ss(float (&)[64], u64, u64) { WG_TRAP(); }
 #endif
 
+// Whether the rows i0..i1 of a block take the activations' second part (as mg_tile_two_parts,
+// over the block's rows).
+__device__ __forceinline__ bool wg_rows_two_parts(const u32* ent, u32 i0, u32 i1, u32 ek, const u32* flags, u32 mode) {
+    if (MG_PARTS == 1 || mode == 0) return false;
+    if (mode == 1) return true;
+    for (u32 i = i0; i < i1; i++)
+        if (flags[ent[i] / ek]) return true;
+    return false;
+}
+
 // One tile x weight slice (block x, y), bf16 weights. xs: bf16 parts, [token][2 · cols] for
 // gate|up (row of plan row i: its entry's token, ent[i] / k), [plan row][2 · cols] for down;
 // out: h as bf16 parts [plan row][2 · inter] (gate|up), y f32 [entry][rows] (down). Other
-// arguments as moe_gemm_body.
-template <int GATED, int PARTS>
-__device__ void moe_wg_body(const u64* w, const u32* plan, u32 maxa, u32 n, const u16* xs, void* out, u32 k, u32 rows, u32 cols, u32 inter, const u32* flags, u32 ek, u32 mode) {
+// arguments as moe_gemm_body. WGS = 2: a block of two warpgroups takes two consecutive 64-row
+// plan tiles of one expert (the even-numbered tile of the expert's and the one after; blocks of
+// odd-numbered tiles exit), warpgroup w the rows 64w.., both reading each stage's weights — half
+// the weight loads per product.
+template <int GATED, int PARTS, int WGS>
+__device__ void moe_wg_body(const u64* w, const u32* plan, u32 maxa, u32 n, const u16* xs, void* out, u32 k, u32 rows, u32 cols, u32 inter, const u32* flags, u32 ek, u32 mode, u32 i0, u32 i1, u32 a, u32 slice) {
+    constexpr u32 T = 128 * WGS, STAGE = WG_STAGE_BYTES(PARTS, WGS), PART = WGS * WG_A_BYTES;
     WEFT_DYNAMIC_SHARED(uint4, wg_smem);
     unsigned char* sm = wg_align1024(wg_smem);
-    const u32* tiles = plan + 2 + 2 * maxa + n;
-    if (blockIdx.x >= tiles[0]) return;  // whole block: past the plan's tiles
-    const u32 a = tiles[1 + 2 * blockIdx.x], i0 = tiles[2 + 2 * blockIdx.x];
     const u32* ent = plan + 2 + 2 * maxa;
-    const u32 i1 = min(i0 + MG_BM, plan[1 + maxa + a + 1]);
     const u16* W = (const u16*)w[plan[1 + a]];
     const u32 tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane >> 2, t = lane & 3;
-    const u32 p0 = blockIdx.y * (MG_BN / 2), r0 = blockIdx.y * MG_BN;
+    const u32 wg = warp / 4, wr = warp % 4;  // warpgroup, warp within it
+    const u32 p0 = slice * (MG_BN / 2), r0 = slice * MG_BN;
 
-    // This thread copies 16-byte chunk c = tid % 8 of shared rows tid / 8 + 16j (weights: j < 8;
-    // each activation part: j < 4); a row's swizzle (row % 8 = (tid / 8) % 8) puts it at chunk
-    // c ^ (row % 8). Rows past the matrix or the tile, and the second part of rows that take
-    // one, are zero-filled.
+    // This thread copies 16-byte chunk c = tid % 8 of shared rows tid / 8 + (T / 8)j (weights:
+    // 128 rows, j < 1024 / T; each activation part: 64 · WGS rows, j < 4); a row's swizzle
+    // (row % 8 = (tid / 8) % 8) puts it at chunk c ^ (row % 8). Rows past the matrix or the
+    // tile, and the second part of rows that take one, are zero-filled.
+    constexpr int WJ = 1024 / T;
     const u32 wc = tid % 8, sw = (wc ^ ((tid / 8) % 8)) * 16;
-    const u16* wp[8];
+    const u16* wp[WJ];
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
-        const u32 s = tid / 8 + 16 * j;
+    for (int j = 0; j < WJ; j++) {
+        const u32 s = tid / 8 + (T / 8) * j;
         u32 r;
         if (GATED) r = s < 64 ? (p0 + s < inter ? p0 + s : ~0u) : (p0 + s - 64 < inter ? inter + p0 + s - 64 : ~0u);
         else r = r0 + s < rows ? r0 + s : ~0u;
@@ -143,22 +158,25 @@ __device__ void moe_wg_body(const u64* w, const u32* plan, u32 maxa, u32 n, cons
     bool xk[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        const u32 i = i0 + tid / 8 + 16 * j;
+        const u32 i = i0 + tid / 8 + (T / 8) * j;
         xp[j] = i < i1 ? xs + (i64)(GATED ? ent[i] / k : i) * 2 * cols + 8 * wc : nullptr;
         xk[j] = i < i1 && PARTS == 2 && mg_row_two_parts(ent, i, ek, flags, mode);
     }
     auto issue = [&](u32 kt) {
-        unsigned char* b = sm + (kt % WG_STAGES) * WG_STAGE_BYTES(PARTS);
+        unsigned char* b = sm + (kt % WG_STAGES) * STAGE;
         const u32 c0 = kt * WG_BK;
 #pragma unroll
-        for (int j = 0; j < 8; j++) cp_async16(b + (tid / 8 + 16 * j) * 128 + sw, wp[j] ? wp[j] + c0 : W, wp[j] ? 16u : 0u);
+        for (int j = 0; j < WJ; j++) cp_async16(b + (tid / 8 + (T / 8) * j) * 128 + sw, wp[j] ? wp[j] + c0 : W, wp[j] ? 16u : 0u);
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            cp_async16(b + WG_B_BYTES + (tid / 8 + 16 * j) * 128 + sw, xp[j] ? xp[j] + c0 : xs, xp[j] ? 16u : 0u);
-            if (PARTS == 2) cp_async16(b + WG_B_BYTES + WG_A_BYTES + (tid / 8 + 16 * j) * 128 + sw, xk[j] ? xp[j] + cols + c0 : xs, xk[j] ? 16u : 0u);
+            cp_async16(b + WG_B_BYTES + (tid / 8 + (T / 8) * j) * 128 + sw, xp[j] ? xp[j] + c0 : xs, xp[j] ? 16u : 0u);
+            if (PARTS == 2) cp_async16(b + WG_B_BYTES + PART + (tid / 8 + (T / 8) * j) * 128 + sw, xk[j] ? xp[j] + cols + c0 : xs, xk[j] ? 16u : 0u);
         }
     };
 
+    // A warpgroup whose 64 rows are all past the tile (the second of a pair on an expert's last,
+    // short tile) loads its share but multiplies nothing.
+    const bool live = i0 + 64 * wg < i1;
     float acc[64];
 #pragma unroll
     for (int i = 0; i < 64; i++) acc[i] = 0.f;
@@ -176,20 +194,22 @@ __device__ void moe_wg_body(const u64* w, const u32* plan, u32 maxa, u32 n, cons
         __syncthreads();
         if (kt + WG_AHEAD < stages) issue(kt + WG_AHEAD);
         cp_async_commit();
-        const unsigned char* st = sm + (kt % WG_STAGES) * WG_STAGE_BYTES(PARTS);
+        if (!live) continue;
+        const unsigned char* st = sm + (kt % WG_STAGES) * STAGE;
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < WG_BK / 16; ks++)
 #pragma unroll
-            for (int p = 0; p < PARTS; p++) wgmma_n128_ss(acc, wg_desc(st + WG_B_BYTES + p * WG_A_BYTES + 32 * ks), wg_desc(st + 32 * ks));
+            for (int p = 0; p < PARTS; p++) wgmma_n128_ss(acc, wg_desc(st + WG_B_BYTES + p * PART + wg * WG_A_BYTES + 32 * ks), wg_desc(st + 32 * ks));
         wg_commit();
         wg_wait<WG_INFLIGHT>();
     }
+    if (!live) return;
     wg_wait<0>();
 
 #pragma unroll
     for (int h8 = 0; h8 < 2; h8++) {
-        const u32 i = i0 + warp * 16 + g + 8 * h8;
+        const u32 i = i0 + 64 * wg + wr * 16 + g + 8 * h8;
         if (i >= i1) continue;
         if (GATED) {
             u16* ho = (u16*)out + (i64)i * 2 * inter;
@@ -216,21 +236,38 @@ __device__ void moe_wg_body(const u64* w, const u32* plan, u32 maxa, u32 n, cons
     }
 }
 
-template <int GATED>
-__device__ __forceinline__ void moe_wg_tile(const u64* w, const u32* plan, u32 maxa, u32 n, const void* x, void* out, u32 k, u32 rows, u32 cols, u32 inter, u32 ek, const u32* flags, u32 mode) {
-    if (mg_tile_two_parts(plan, maxa, n, ek, flags, mode)) moe_wg_body<GATED, 2>(w, plan, maxa, n, (const u16*)x, out, k, rows, cols, inter, flags, ek, mode);
-    else moe_wg_body<GATED, 1>(w, plan, maxa, n, (const u16*)x, out, k, rows, cols, inter, flags, ek, mode);
+// order 0: block (x, y) = (tile, weight slice); order 1: (slice, tile), so a tile's slices run
+// together and read its activation rows from L2 (down's h, [plan rows][2 · inter], outgrows L2
+// at a few thousand tokens and would be read again from memory for every slice).
+template <int GATED, int WGS>
+__device__ __forceinline__ void moe_wg_tile(const u64* w, const u32* plan, u32 maxa, u32 n, const void* x, void* out, u32 k, u32 rows, u32 cols, u32 inter, u32 ek, const u32* flags, u32 mode, u32 order) {
+    const u32* tiles = plan + 2 + 2 * maxa + n;
+    const u32 tile = order ? blockIdx.y : blockIdx.x, slice = order ? blockIdx.x : blockIdx.y;
+    if (tile >= tiles[0]) return;  // whole block: past the plan's tiles
+    const u32 a = tiles[1 + 2 * tile], i0 = tiles[2 + 2 * tile], off = plan[1 + maxa + a];
+    if (WGS == 2 && (i0 - off) / MG_BM % 2) return;  // the pair's second tile: its first's block takes it
+    const u32 i1 = min(i0 + 64 * WGS, plan[1 + maxa + a + 1]);
+    if (wg_rows_two_parts(plan + 2 + 2 * maxa, i0, i1, ek, flags, mode)) moe_wg_body<GATED, 2, WGS>(w, plan, maxa, n, (const u16*)x, out, k, rows, cols, inter, flags, ek, mode, i0, i1, a, slice);
+    else moe_wg_body<GATED, 1, WGS>(w, plan, maxa, n, (const u16*)x, out, k, rows, cols, inter, flags, ek, mode, i0, i1, a, slice);
 }
 
-// As moe_gemm_gate_up_bf16 / moe_gemm_down_bf16 (same grids; dynamic shared size
-// WG_SMEM_BYTES(1) for mode 0, WG_SMEM_BYTES(2) otherwise),
-// over bf16 parts: xs from moe_wg_split ([tokens][2 · hidden]), h as gate|up writes it
-// ([plan rows][2 · inter]).
-extern "C" __global__ void __launch_bounds__(MG_THREADS) moe_wg_gate_up_bf16(const u64* w, const u32* plan, u32 maxa, u32 n, const void* xs, void* h, u32 k, u32 hidden, u32 inter, const u32* flags, u32 mode) { WEFT_PDL_ENTRY();
-    moe_wg_tile<1>(w, plan, maxa, n, xs, h, k, 2 * inter, hidden, inter, k, flags, mode);
+// As moe_gemm_gate_up_bf16 / moe_gemm_down_bf16 (same grids, or with order 1 their transpose,
+// moe_wg_tile; dynamic shared size
+// WG_SMEM_BYTES(1, 1) for mode 0, WG_SMEM_BYTES(2, 1) otherwise), over bf16 parts: xs from
+// moe_wg_split ([tokens][2 · hidden]), h as gate|up writes it ([plan rows][2 · inter]).
+extern "C" __global__ void __launch_bounds__(MG_THREADS) moe_wg_gate_up_bf16(const u64* w, const u32* plan, u32 maxa, u32 n, const void* xs, void* h, u32 k, u32 hidden, u32 inter, const u32* flags, u32 mode, u32 order) { WEFT_PDL_ENTRY();
+    moe_wg_tile<1, 1>(w, plan, maxa, n, xs, h, k, 2 * inter, hidden, inter, k, flags, mode, order);
 }
-extern "C" __global__ void __launch_bounds__(MG_THREADS) moe_wg_down_bf16(const u64* w, const u32* plan, u32 maxa, u32 n, const void* h, void* y, u32 hidden, u32 inter, u32 k, const u32* flags, u32 mode) { WEFT_PDL_ENTRY();
-    moe_wg_tile<0>(w, plan, maxa, n, h, y, 0, hidden, inter, inter, k, flags, mode);
+extern "C" __global__ void __launch_bounds__(MG_THREADS) moe_wg_down_bf16(const u64* w, const u32* plan, u32 maxa, u32 n, const void* h, void* y, u32 hidden, u32 inter, u32 k, const u32* flags, u32 mode, u32 order) { WEFT_PDL_ENTRY();
+    moe_wg_tile<0, 1>(w, plan, maxa, n, h, y, 0, hidden, inter, inter, k, flags, mode, order);
+}
+// Two warpgroups (256 threads) per block over tile pairs, same grids and arguments; shared size
+// WG_SMEM_BYTES(parts, 2).
+extern "C" __global__ void __launch_bounds__(2 * MG_THREADS, 2) moe_wg2_gate_up_bf16(const u64* w, const u32* plan, u32 maxa, u32 n, const void* xs, void* h, u32 k, u32 hidden, u32 inter, const u32* flags, u32 mode, u32 order) { WEFT_PDL_ENTRY();
+    moe_wg_tile<1, 2>(w, plan, maxa, n, xs, h, k, 2 * inter, hidden, inter, k, flags, mode, order);
+}
+extern "C" __global__ void __launch_bounds__(2 * MG_THREADS, 2) moe_wg2_down_bf16(const u64* w, const u32* plan, u32 maxa, u32 n, const void* h, void* y, u32 hidden, u32 inter, u32 k, const u32* flags, u32 mode, u32 order) { WEFT_PDL_ENTRY();
+    moe_wg_tile<0, 2>(w, plan, maxa, n, h, y, 0, hidden, inter, inter, k, flags, mode, order);
 }
 
 // x [tokens, cols] (f32) as bf16 parts xs [tokens][2 · cols]: the rounding, then what it lost.

@@ -15,7 +15,9 @@
 // one-activation-part variant (against a looser bound), with -DWEFT_MG_ASYNC (and
 // -DWEFT_MG_STAGES=N) the cp.async variant's split pass and two-part operands, with
 // -DWEFT_MG_WG the bf16 experts through moe_wgmma.cu's kernels (wgmma emulated; hidden 320 and
-// intermediate 192, multiples of its 64-column stages; fp8 stays on moe_gemm.cu's).
+// intermediate 192, multiples of its 64-column stages; fp8 stays on moe_gemm.cu's), and with
+// -DWEFT_MG_WG2 as well through its two-warpgroup entries (tile pairs; 140 tokens, so the
+// favoured expert's tiles make a pair and a lone last tile; blocks in slice-major order).
 // Exit status: the number of failing cases.
 #include "emu.h"
 #include "../weft_port.h"
@@ -41,12 +43,18 @@ int main() {
     std::uniform_real_distribution<float> U(-1, 1);
     emu_warp = 32;
     int fails = 0;
+#ifdef WEFT_MG_WG2
+#define WEFT_MG_WG
+    const unsigned M = 140, WT = 256, WO = 1;  // and blocks in slice-major order
+#else
+    const unsigned M = 70, WT = 128, WO = 0;
+#endif
 #ifdef WEFT_MG_WG
     const bool wg = true;
-    const unsigned E = 8, K = 3, M = 70, H = 5 * WG_BK, I = 3 * WG_BK;
+    const unsigned E = 8, K = 3, H = 5 * WG_BK, I = 3 * WG_BK;
 #else
     const bool wg = false;
-    const unsigned E = 8, K = 3, M = 70, H = 5 * MG_BK, I = 3 * MG_BK;  // 160 and 96 for 32-column stages
+    const unsigned E = 8, K = 3, H = 5 * MG_BK, I = 3 * MG_BK;  // 160 and 96 for 32-column stages
 #endif
     // Precise tokens: the first `pre` and the last `tail` (all: mode 1, none: mode 0, else flags).
     struct Case { bool fp8; unsigned first, held, S, pre, tail; };
@@ -122,14 +130,19 @@ int main() {
             std::vector<u16> xw(wg ? M * 2 * H : 0, 0xffff);
             if (wg && !c.fp8) emu_launch(M, 1, 128, [&] { moe_wg_split(x.data(), H, xw.data()); });
             const void* gx = MG_ASYNC && !c.fp8 ? (const void*)xs.data() : (const void*)x.data();
-            emu_launch(tiles, (I + 63) / 64, MG_THREADS, [&] {
+            const unsigned threads = wg && !c.fp8 ? WT : MG_THREADS;
+            // wgmma kernels in slice-major order (WO 1) take the transposed grid.
+            const bool tr = wg && !c.fp8 && WO == 1;
+            emu_launch(tr ? (I + 63) / 64 : tiles, tr ? tiles : (I + 63) / 64, threads, [&] {
                 if (c.fp8) moe_gemm_gate_up_fp8(tgu.data(), tgus.data(), scg, BR, BC, plan.data(), maxa, n, x.data(), h.data(), KS, H, I, flags.data(), md);
-                else if (wg) moe_wg_gate_up_bf16(tgu.data(), plan.data(), maxa, n, xw.data(), h.data(), KS, H, I, flags.data(), md);
+                else if (wg && WT == 256) moe_wg2_gate_up_bf16(tgu.data(), plan.data(), maxa, n, xw.data(), h.data(), KS, H, I, flags.data(), md, WO);
+                else if (wg) moe_wg_gate_up_bf16(tgu.data(), plan.data(), maxa, n, xw.data(), h.data(), KS, H, I, flags.data(), md, WO);
                 else moe_gemm_gate_up_bf16(tgu.data(), plan.data(), maxa, n, gx, h.data(), KS, H, I, flags.data(), md);
             });
-            emu_launch(tiles, (H + 127) / 128, MG_THREADS, [&] {
+            emu_launch(tr ? (H + 127) / 128 : tiles, tr ? tiles : (H + 127) / 128, threads, [&] {
                 if (c.fp8) moe_gemm_down_fp8(tdn.data(), tdns.data(), scd, BR, BC, plan.data(), maxa, n, h.data(), y.data(), H, I, KS, flags.data(), md);
-                else if (wg) moe_wg_down_bf16(tdn.data(), plan.data(), maxa, n, h.data(), y.data(), H, I, KS, flags.data(), md);
+                else if (wg && WT == 256) moe_wg2_down_bf16(tdn.data(), plan.data(), maxa, n, h.data(), y.data(), H, I, KS, flags.data(), md, WO);
+                else if (wg) moe_wg_down_bf16(tdn.data(), plan.data(), maxa, n, h.data(), y.data(), H, I, KS, flags.data(), md, WO);
                 else moe_gemm_down_bf16(tdn.data(), plan.data(), maxa, n, h.data(), y.data(), H, I, KS, flags.data(), md);
             });
             emu_launch(M * ((H + 127) / 128), 1, 128, [&] { moe_combine(y.data(), wts.data(), ids.data(), E, c.S, c.first, c.held, nullptr, 0, out.data(), KS, H); });

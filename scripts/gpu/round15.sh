@@ -2,7 +2,8 @@
 # On the GPU machine (binaries from scripts/gpu/build_device.sh in .device/): round 15
 # (results/roofline-h200.md). PART=ab: the wgmma expert GEMM's variants on Moonlight prefill
 # (SETTINGS: ';'-separated settings of space-separated VAR=value, "-" for the defaults),
-# alternated ROUNDS times, then the MoE kernel tests under each of VARIANTS (';'-separated). PART=profile: where a
+# alternated ROUNDS times. PART=tests (and PART=profile, first): the MoE kernel tests under each
+# of VARIANTS (';'-separated). PART=profile: where a
 # prefill's time goes (profile_prefill.sh for each of PREFILLS). Kernel variants written after
 # the binaries were built run from the working tree's kernels/ with WEFT_CUDA_KERNEL_DIR=kernels.
 # Output: $OUT/round15.md (and the profile's files).
@@ -12,8 +13,18 @@ export WEFT_DEMO_MODEL=$PWD/models/demo
 R="$OUT/round15.md"; touch "$R"
 nvidia-smi --query-gpu=name --format=csv,noheader | tee -a "$R"
 D="WEFT_CUDA_KERNEL_DIR=kernels"
+if [ "${PART:-ab}" = final ]; then
+  # The GPU tests under the defaults, then PART=ab's comparison of the defaults' neighbours,
+  # then one profile.
+  timeout 200 .device/cuda-kernels_moe-test --test-threads 1 2>&1 | grep -E "^test |test result|panicked|assert" | tee -a "$R"
+  timeout 150 .device/cuda-kernels-test --test-threads 1 2>&1 | grep -E "^test |test result|panicked|worst" | tee -a "$R"
+  timeout 100 .device/cuda-step_graphs-test 2>&1 | grep -E "^test |test result|panicked" | tee -a "$R"
+  PART=ab SETTINGS=${SETTINGS:-"-;WEFT_CUDA_WG_ORDER=tiles;WEFT_CUDA_WG_ORDER=slices;WEFT_CUDA_WG_PAIRS=0;WEFT_CUDA_MOE_SHARED_FUSED=100000"} bash "$0"
+  PART=profile VARIANTS=" " PREFILLS=${PREFILLS:-1024x4} bash "$0"
+fi
 if [ "${PART:-ab}" = ab ]; then
-  SETTINGS=${SETTINGS:-"-;WEFT_CUDA_WG_TIGHT=0;$D WEFT_CUDA_KERNEL_DEFINES=WEFT_WG_INFLIGHT=1,WEFT_WG_STAGES=4;$D WEFT_CUDA_KERNEL_DEFINES=WEFT_WG_INFLIGHT=1"}
+  I4="WEFT_CUDA_KERNEL_DEFINES=WEFT_WG_INFLIGHT=1,WEFT_WG_STAGES=4"
+  SETTINGS=${SETTINGS:-"-;WEFT_CUDA_WG_TIGHT=0;WEFT_CUDA_WG_PAIRS=1;$I4;WEFT_CUDA_WG_PAIRS=1 WEFT_CUDA_KERNEL_DEFINES=WEFT_WG_INFLIGHT=1"}
   IFS=';' read -r -a sets <<< "$SETTINGS"
   for r in $(seq 1 ${ROUNDS:-2}); do
     for s in "${sets[@]}"; do
@@ -24,8 +35,11 @@ if [ "${PART:-ab}" = ab ]; then
       echo "($(( $(date +%s) - t0 )) s)" | tee -a "$R"
     done
   done
-  IFS=';' read -r -a vars <<< "${VARIANTS:-$D WEFT_CUDA_KERNEL_DEFINES=WEFT_WG_INFLIGHT=1,WEFT_WG_STAGES=4}"
-  for v in "${vars[@]}"; do
+fi
+if [ "${PART:-ab}" = tests ] || [ "${PART:-ab}" = profile ]; then
+  vars=()
+  [ "${VARIANTS-x}" = " " ] || IFS=';' read -r -a vars <<< "${VARIANTS:-WEFT_CUDA_WG_PAIRS=1;WEFT_CUDA_KERNEL_DEFINES=WEFT_WG_INFLIGHT=1,WEFT_WG_STAGES=4;WEFT_CUDA_WG_PAIRS=1 WEFT_CUDA_KERNEL_DEFINES=WEFT_WG_INFLIGHT=1}"
+  for v in "${vars[@]+"${vars[@]}"}"; do
     read -r -a env_args <<< "$v"
     echo "== kernels_moe under $v" | tee -a "$R"
     env "${env_args[@]}" timeout 200 .device/cuda-kernels_moe-test --test-threads 1 2>&1 | grep -E "^test |test result|panicked|assert" | tee -a "$R"

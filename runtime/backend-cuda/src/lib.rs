@@ -189,6 +189,8 @@ pub const KERNELS: &[&str] = &[
     "moe_gemm_split",
     "moe_wg_gate_up_bf16",
     "moe_wg_down_bf16",
+    "moe_wg2_gate_up_bf16",
+    "moe_wg2_down_bf16",
     "moe_wg_split",
     "moe_combine",
     "mla_decode",
@@ -555,6 +557,8 @@ impl CudaBackend {
             "moe_gemm_down_fp8",
             "moe_wg_gate_up_bf16",
             "moe_wg_down_bf16",
+            "moe_wg2_gate_up_bf16",
+            "moe_wg2_down_bf16",
         ]
         .into_iter()
         .chain(mla::MMG_KERNELS.iter().map(|k| k.name))

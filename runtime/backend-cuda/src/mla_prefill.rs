@@ -258,7 +258,8 @@ impl CudaBackend {
                 b.arg(vlo);
             }
             b.arg(&n64);
-            unsafe { b.launch(crate::ops::flat(nk * heads * v)) }.map_err(dev)?;
+            unsafe { b.launch(crate::ops::flat((nk * heads * v).div_ceil(4))) }.map_err(dev)?;
+            // four values a thread
         }
         drop((k_nope, vals));
         let rh = run.len * heads;

@@ -65,17 +65,40 @@ fn gemm_smem(fp8: bool) -> u32 {
 /// Columns per stage of the wgmma expert GEMM (`WG_BK`).
 const WG_COLS: usize = 64;
 
-/// Dynamic shared bytes per block of the wgmma expert GEMM (`WG_SMEM_BYTES(parts)`): its
-/// stages (`WEFT_WG_STAGES`, default 3) of 128 weight rows and `parts` activation parts of 64
-/// rows, 128 bytes a row, plus 1 KiB to align them. One-part launches (mode 0) ask for one-part
-/// stages, so three blocks share an SM instead of two (`WEFT_CUDA_WG_TIGHT=0`: the two-part size
-/// always, for A/B runs).
-fn wg_smem(parts: usize) -> u32 {
+/// Warpgroups per block of the wgmma expert GEMM: 2 (`moe_wg2_*`, two consecutive 64-row
+/// tiles of one expert a block, sharing the weight loads; 1.03–1.04× the prefill of one
+/// warpgroup a tile on an H100, results/roofline-h200.md round 15) or, with
+/// `WEFT_CUDA_WG_PAIRS=0`, 1 (`moe_wg_*`).
+fn wg_groups() -> usize {
+    static W: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *W.get_or_init(|| if std::env::var("WEFT_CUDA_WG_PAIRS").is_ok_and(|v| v == "0") { 1 } else { 2 })
+}
+
+/// Block order of the wgmma expert GEMM's (gate|up, down) launches: 0 tile-major (grid
+/// (tiles, slices)), 1 slice-major (grid (slices, tiles): a tile's weight slices run together
+/// and share its activation rows in L2). `WEFT_CUDA_WG_ORDER=tiles|down|slices`: both
+/// tile-major, down slice-major (default: down's h outgrows L2 at a few thousand tokens), both
+/// slice-major.
+fn wg_order() -> (u32, u32) {
+    static O: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
+    *O.get_or_init(|| match std::env::var("WEFT_CUDA_WG_ORDER").as_deref() {
+        Ok("tiles") => (0, 0),
+        Ok("slices") => (1, 1),
+        _ => (0, 1),
+    })
+}
+
+/// Dynamic shared bytes per block of the wgmma expert GEMM (`WG_SMEM_BYTES(parts, groups)`):
+/// its stages (`WEFT_WG_STAGES`, default 3) of 128 weight rows and `parts` activation parts of
+/// 64 rows per warpgroup, 128 bytes a row, plus 1 KiB to align them. One-part launches (mode 0)
+/// ask for one-part stages, so three one-warpgroup blocks share an SM instead of two
+/// (`WEFT_CUDA_WG_TIGHT=0`: the two-part size always, for A/B runs).
+fn wg_smem(parts: usize, groups: usize) -> u32 {
     static TIGHT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let tight = *TIGHT.get_or_init(|| std::env::var("WEFT_CUDA_WG_TIGHT").map_or(true, |v| v != "0"));
     let parts = if tight { parts } else { 2 };
     let stages: usize = kernel_define("WEFT_WG_STAGES").and_then(|v| v.parse().ok()).unwrap_or(3);
-    (stages * (GEMM_ROWS + parts * TILE_ROWS) * 128 + 1024) as u32
+    (stages * (GEMM_ROWS + parts * groups * TILE_ROWS) * 128 + 1024) as u32
 }
 
 /// How the expert kernels run: one entry per active expert (a single decoding token), a few
@@ -375,8 +398,14 @@ impl CudaBackend {
         // bf16 experts on sm_90a: the wgmma kernels (same arguments and grids), whose stages are
         // 64 columns of both products.
         let wg = self.wgmma && fp8 == 0 && hidden % WG_COLS == 0 && inter % WG_COLS == 0;
-        let smem = if wg { wg_smem(if mode == 0 { 1 } else { 2 }) } else { gemm_smem(fp8 == 1) };
-        let cfg = |slices: usize| LaunchConfig { grid_dim: (tiles, slices as u32, 1), block_dim: (GEMM_THREADS, 1, 1), shared_mem_bytes: smem };
+        let groups = if wg { wg_groups() } else { 1 };
+        let smem = if wg { wg_smem(if mode == 0 { 1 } else { 2 }, groups) } else { gemm_smem(fp8 == 1) };
+        let threads = GEMM_THREADS * groups as u32;
+        let (gu_order, down_order) = if wg { wg_order() } else { (0, 0) };
+        let cfg = |slices: usize, order: u32| {
+            let grid_dim = if order == 1 { (slices as u32, tiles, 1) } else { (tiles, slices as u32, 1) };
+            LaunchConfig { grid_dim, block_dim: (threads, 1, 1), shared_mem_bytes: smem }
+        };
         // The wgmma kernels take the tokens' bf16 parts (a split pass per token) and give h as
         // bf16 parts; the cp.async variant's bf16 kernels take two-part bf16 rows in plan order
         // (the split pass for gate|up, h as gate|up writes it); both in the bytes of f32 rows.
@@ -402,7 +431,7 @@ impl CudaBackend {
         };
         // f32 rows, or the same bytes as two-part bf16 rows.
         let mut h = self.out(n * inter)?;
-        let mut l = self.stream.launch_builder(self.func(if wg { "moe_wg_gate_up_bf16" } else { ["moe_gemm_gate_up_bf16", "moe_gemm_gate_up_fp8"][fp8] }));
+        let mut l = self.stream.launch_builder(self.func(if wg { ["moe_wg_gate_up_bf16", "moe_wg2_gate_up_bf16"][groups - 1] } else { ["moe_gemm_gate_up_bf16", "moe_gemm_gate_up_fp8"][fp8] }));
         tables.push(&mut l, false);
         l.arg(plan).arg(&maxa32).arg(&n32);
         match &xs {
@@ -410,12 +439,18 @@ impl CudaBackend {
             None => l.arg(x),
         };
         l.arg(&mut h).arg(&k32).arg(&h32).arg(&i32_).arg(flags).arg(&mode);
-        unsafe { l.launch(cfg(inter.div_ceil(GEMM_ROWS / 2))) }.map_err(dev)?;
+        if wg {
+            l.arg(&gu_order);
+        }
+        unsafe { l.launch(cfg(inter.div_ceil(GEMM_ROWS / 2), gu_order)) }.map_err(dev)?;
         let mut y = self.out(n * hidden)?;
-        let mut l = self.stream.launch_builder(self.func(if wg { "moe_wg_down_bf16" } else { ["moe_gemm_down_bf16", "moe_gemm_down_fp8"][fp8] }));
+        let mut l = self.stream.launch_builder(self.func(if wg { ["moe_wg_down_bf16", "moe_wg2_down_bf16"][groups - 1] } else { ["moe_gemm_down_bf16", "moe_gemm_down_fp8"][fp8] }));
         tables.push(&mut l, true);
         l.arg(plan).arg(&maxa32).arg(&n32).arg(&h).arg(&mut y).arg(&h32).arg(&i32_).arg(&k32).arg(flags).arg(&mode);
-        unsafe { l.launch(cfg(hidden.div_ceil(GEMM_ROWS))) }.map_err(dev)?;
+        if wg {
+            l.arg(&down_order);
+        }
+        unsafe { l.launch(cfg(hidden.div_ceil(GEMM_ROWS), down_order)) }.map_err(dev)?;
         Ok(y)
     }
 

@@ -117,7 +117,7 @@ impl CudaBackend {
         let n64 = n as i64;
         let mut l = self.stream.launch_builder(self.func("cast_f32_bf16"));
         l.arg(x).arg(&mut y).arg(&n64);
-        unsafe { l.launch(flat(n)) }.map_err(dev)?;
+        unsafe { l.launch(flat(n.div_ceil(4))) }.map_err(dev)?;
         Ok(y)
     }
 
@@ -133,7 +133,7 @@ impl CudaBackend {
             let (mut hi, mut lo) = y.split_at_mut(n.max(1));
             let mut l = self.stream.launch_builder(self.func("cast_f32_bf16_split"));
             l.arg(x).arg(&mut hi).arg(&mut lo).arg(&n64);
-            unsafe { l.launch(flat(n)) }.map_err(dev)?;
+            unsafe { l.launch(flat(n.div_ceil(4))) }.map_err(dev)?;
         }
         Ok(y)
     }

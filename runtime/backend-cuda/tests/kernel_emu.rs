@@ -50,11 +50,13 @@ fn sampling_front_end_on_the_cpu_emulator() {
 }
 
 /// The grouped GEMM as built by default, and its measured variants: cp.async stages over
-/// two-part bf16 operands, 64-column stages; and moe_wgmma.cu's kernels (wgmma emulated).
+/// two-part bf16 operands, 64-column stages; and moe_wgmma.cu's kernels (wgmma emulated), one
+/// warpgroup a tile and two a tile pair (slice-major blocks).
 #[test]
 fn prefill_moe_gemm_on_the_cpu_emulator() {
     run_emulated("moe_gemm_test");
     run_emulated_with("moe_gemm_test", &["-DWEFT_MG_ASYNC"]);
     run_emulated_with("moe_gemm_test", &["-DWEFT_MG_ASYNC", "-DWEFT_MG_BK=64", "-DWEFT_MG_STAGES=4"]);
     run_emulated_with("moe_gemm_test", &["-DWEFT_MG_WG"]);
+    run_emulated_with("moe_gemm_test", &["-DWEFT_MG_WG2"]);
 }
