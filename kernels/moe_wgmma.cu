@@ -1,6 +1,6 @@
 // Prefill-sized MoE on Hopper's warpgroup tensor cores (`wgmma.mma_async`, sm_90a only): the
-// grouped GEMM of moe_gemm.cu for bf16 experts — same plan, tiles, grids and per-tile activation
-// parts (mg_tile_two_parts) — with a block of 4 warps (one warpgroup) multiplying its 64 plan
+// grouped GEMM of moe_gemm.cu for bf16 experts — same plan, tiles and grids, activation parts
+// per block as mg_tile_two_parts per tile (wg_rows_two_parts) — with a block of 4 warps (one warpgroup) multiplying its 64 plan
 // rows by 128 weight rows as m64n128k16 products, both operands read by the tensor cores from
 // shared memory through matrix descriptors. Every operand arrives by cp.async, WG_STAGES stages
 // of 64 columns deep, so no register holds a load in flight: the weight rows (B) as stored, the

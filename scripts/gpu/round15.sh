@@ -14,13 +14,13 @@ R="$OUT/round15.md"; touch "$R"
 nvidia-smi --query-gpu=name --format=csv,noheader | tee -a "$R"
 D="WEFT_CUDA_KERNEL_DIR=kernels"
 if [ "${PART:-ab}" = final ]; then
-  # The GPU tests under the defaults, then PART=ab's comparison of the defaults' neighbours,
-  # then one profile.
-  timeout 200 .device/cuda-kernels_moe-test --test-threads 1 2>&1 | grep -E "^test |test result|panicked|assert" | tee -a "$R"
-  timeout 150 .device/cuda-kernels-test --test-threads 1 2>&1 | grep -E "^test |test result|panicked|worst" | tee -a "$R"
-  timeout 100 .device/cuda-step_graphs-test 2>&1 | grep -E "^test |test result|panicked" | tee -a "$R"
+  # PART=ab's comparison of the defaults' neighbours, the GPU tests under the defaults
+  # (TESTS: test-name filters of the MoE kernel tests), then (PROFILE=1) one profile.
   PART=ab SETTINGS=${SETTINGS:-"-;WEFT_CUDA_WG_ORDER=tiles;WEFT_CUDA_WG_ORDER=slices;WEFT_CUDA_WG_PAIRS=0;WEFT_CUDA_MOE_SHARED_FUSED=100000"} bash "$0"
-  PART=profile VARIANTS=" " PREFILLS=${PREFILLS:-1024x4} bash "$0"
+  timeout 200 .device/cuda-kernels_moe-test --test-threads 1 ${TESTS:-} 2>&1 | grep -E "^test |test result|panicked|assert" | tee -a "$R"
+  timeout 150 .device/cuda-kernels-test --test-threads 1 ${KTESTS:-} 2>&1 | grep -E "^test |test result|panicked|worst" | tee -a "$R"
+  [ "${GRAPHS:-1}" = 1 ] && timeout 100 .device/cuda-step_graphs-test 2>&1 | grep -E "^test |test result|panicked" | tee -a "$R"
+  [ "${PROFILE:-1}" = 1 ] && PART=profile VARIANTS=" " PREFILLS=${PREFILLS:-1024x4} bash "$0"
 fi
 if [ "${PART:-ab}" = ab ]; then
   I4="WEFT_CUDA_KERNEL_DEFINES=WEFT_WG_INFLIGHT=1,WEFT_WG_STAGES=4"
