@@ -396,13 +396,15 @@ impl CudaBackend {
             TokenParts::Flags(f) => (&**f, 2),
         };
         let tiles = (n / TILE_ROWS + maxa) as u32;
-        // bf16 experts on sm_90a: the wgmma kernels (same arguments and grids), whose stages are
-        // 64 columns of both products.
+        // bf16 experts on sm_90a: the wgmma kernels (the same arguments and the block order; the
+        // same grids, transposed for a slice-major launch), whose stages are 64 columns of both
+        // products.
         let wg = self.wgmma && fp8 == 0 && hidden % WG_COLS == 0 && inter % WG_COLS == 0;
         let groups = if wg { wg_groups() } else { 1 };
         let smem = if wg { wg_smem(if mode == 0 { 1 } else { 2 }, groups) } else { gemm_smem(fp8 == 1) };
         let threads = GEMM_THREADS * groups as u32;
-        let (gu_order, down_order) = if wg { wg_order() } else { (0, 0) };
+        // Slice-major grids put the tiles in y (at most 65,535 blocks): past that, tile-major.
+        let (gu_order, down_order) = if wg && tiles <= 65_535 { wg_order() } else { (0, 0) };
         let cfg = |slices: usize, order: u32| {
             let grid_dim = if order == 1 { (slices as u32, tiles, 1) } else { (tiles, slices as u32, 1) };
             LaunchConfig { grid_dim, block_dim: (threads, 1, 1), shared_mem_bytes: smem }
