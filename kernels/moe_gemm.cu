@@ -105,14 +105,14 @@ __device__ __forceinline__ void fp8x16_to_bf16(uint4 v, uint4& lo, uint4& hi) {
 }
 
 // Whether plan row i takes its second activation part in a two-part tile (mode as
-// mg_tile_two_parts: 1 every row, 2 rows of tokens whose flag is set; ent: the plan's entries).
+// mg_rows_two_parts: 1 every row, 2 rows of tokens whose flag is set; ent: the plan's entries).
 __device__ __forceinline__ bool mg_row_two_parts(const u32* ent, u32 i, u32 ek, const u32* flags, u32 mode) { return mode != 2 || flags[ent[i] / ek] != 0; }
 
 // x: f32 activations (gate|up: token rows, gathered by entry; down: h, plan rows), or with
 // cp.async the two bf16 parts of each plan row ([plan row][2 · cols]: hi, then lo). out: gate|up
 // h (f32 [plan row][inter], or bf16 parts [plan row][2 · inter] with cp.async), down y.
 // Two-part tiles (PARTS 2) multiply the second part of flagged tokens' rows only (flags, ek,
-// mode as mg_tile_two_parts): the other rows' second part is staged as zeros, adding exact
+// mode as mg_rows_two_parts): the other rows' second part is staged as zeros, adding exact
 // zeros to their sums, so a one-part row's result is the same bits in any tile.
 template <int FP8, int GATED, int PARTS>
 __device__ void moe_gemm_body(ExpertTable T, const u32* plan, u32 maxa, u32 n, const void* x_, void* out_, u32 k, u32 rows, u32 cols, u32 inter, const u32* flags, u32 ek, u32 mode) {
@@ -340,20 +340,23 @@ __device__ void moe_gemm_body(ExpertTable T, const u32* plan, u32 maxa, u32 n, c
 #define MG_BOUNDS __launch_bounds__(MG_THREADS)
 #endif
 
-// Whether block x's tile takes two activation parts: mode 0 never, 1 always, 2 where it holds
-// an entry of a token whose flag is set (every thread reads the tile's entries: at most MG_BM,
+// Whether plan rows i0..i1 (one block's) take two activation parts: mode 0 never, 1 always, 2
+// where they hold an entry of a token whose flag is set (every thread reads the rows' entries:
 // no barrier needed). `ek`: entries per token.
-__device__ __forceinline__ bool mg_tile_two_parts(const u32* plan, u32 maxa, u32 n, u32 ek, const u32* flags, u32 mode) {
+__device__ __forceinline__ bool mg_rows_two_parts(const u32* ent, u32 i0, u32 i1, u32 ek, const u32* flags, u32 mode) {
     if (MG_PARTS == 1 || mode == 0) return false;
     if (mode == 1) return true;
-    const u32* tiles = plan + 2 + 2 * maxa + n;
-    if (blockIdx.x >= tiles[0]) return false;
-    const u32 a = tiles[1 + 2 * blockIdx.x], i0 = tiles[2 + 2 * blockIdx.x];
-    const u32 i1 = min(i0 + MG_BM, plan[1 + maxa + a + 1]);
-    const u32* ent = plan + 2 + 2 * maxa;
     for (u32 i = i0; i < i1; i++)
         if (flags[ent[i] / ek]) return true;
     return false;
+}
+
+// Whether block x's tile (at most MG_BM rows) takes two activation parts (mg_rows_two_parts).
+__device__ __forceinline__ bool mg_tile_two_parts(const u32* plan, u32 maxa, u32 n, u32 ek, const u32* flags, u32 mode) {
+    const u32* tiles = plan + 2 + 2 * maxa + n;
+    if (blockIdx.x >= tiles[0]) return false;
+    const u32 a = tiles[1 + 2 * blockIdx.x], i0 = tiles[2 + 2 * blockIdx.x];
+    return mg_rows_two_parts(plan + 2 + 2 * maxa, i0, min(i0 + MG_BM, plan[1 + maxa + a + 1]), ek, flags, mode);
 }
 
 template <int FP8, int GATED>

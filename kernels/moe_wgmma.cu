@@ -1,7 +1,7 @@
 // Prefill-sized MoE on Hopper's warpgroup tensor cores (`wgmma.mma_async`, sm_90a only): the
 // grouped GEMM of moe_gemm.cu for bf16 experts — same plan, tiles and grids, activation parts
-// per block as mg_tile_two_parts per tile (wg_rows_two_parts) — with a block of 4 warps (one warpgroup) multiplying its 64 plan
-// rows by 128 weight rows as m64n128k16 products, both operands read by the tensor cores from
+// per block's rows (mg_rows_two_parts) — with a block of 4 warps (one warpgroup) multiplying its
+// 64 plan rows by 128 weight rows as m64n128k16 products, both operands read by the tensor cores from
 // shared memory through matrix descriptors. Every operand arrives by cp.async, WG_STAGES stages
 // of 64 columns deep, so no register holds a load in flight: the weight rows (B) as stored, the
 // activations (A) as bf16 parts written beforehand — moe_wg_split's (hi, lo) rows per token for
@@ -111,17 +111,7 @@ __device__ __forceinline__ unsigned char* wg_align1024(void* p) { return (unsign
 __device__ __forceinline__ void wgmma_n128_ss(float (&)[64], u64, u64) { WG_TRAP(); }
 #endif
 
-// Whether the rows i0..i1 of a block take the activations' second part (as mg_tile_two_parts,
-// over the block's rows).
-__device__ __forceinline__ bool wg_rows_two_parts(const u32* ent, u32 i0, u32 i1, u32 ek, const u32* flags, u32 mode) {
-    if (MG_PARTS == 1 || mode == 0) return false;
-    if (mode == 1) return true;
-    for (u32 i = i0; i < i1; i++)
-        if (flags[ent[i] / ek]) return true;
-    return false;
-}
-
-// One tile x weight slice (block x, y), bf16 weights. xs: bf16 parts, [token][2 · cols] for
+// Plan rows i0..i1 (of active expert a) x weight slice `slice`, bf16 weights. xs: bf16 parts, [token][2 · cols] for
 // gate|up (row of plan row i: its entry's token, ent[i] / k), [plan row][2 · cols] for down;
 // out: h as bf16 parts [plan row][2 · inter] (gate|up), y f32 [entry][rows] (down). Other
 // arguments as moe_gemm_body. WGS = 2: a block of two warpgroups takes two consecutive 64-row
@@ -129,7 +119,7 @@ __device__ __forceinline__ bool wg_rows_two_parts(const u32* ent, u32 i0, u32 i1
 // odd-numbered tiles exit), warpgroup w the rows 64w.., both reading each stage's weights — half
 // the weight loads per product.
 template <int GATED, int PARTS, int WGS>
-__device__ void moe_wg_body(const u64* w, const u32* plan, u32 maxa, u32 n, const u16* xs, void* out, u32 k, u32 rows, u32 cols, u32 inter, const u32* flags, u32 ek, u32 mode, u32 i0, u32 i1, u32 a, u32 slice) {
+__device__ void moe_wg_body(const u64* w, const u32* plan, u32 maxa, const u16* xs, void* out, u32 k, u32 rows, u32 cols, u32 inter, const u32* flags, u32 ek, u32 mode, u32 i0, u32 i1, u32 a, u32 slice) {
     constexpr u32 T = 128 * WGS, STAGE = WG_STAGE_BYTES(PARTS, WGS), PART = WGS * WG_A_BYTES;
     WEFT_DYNAMIC_SHARED(uint4, wg_smem);
     unsigned char* sm = wg_align1024(wg_smem);
@@ -247,14 +237,13 @@ __device__ __forceinline__ void moe_wg_tile(const u64* w, const u32* plan, u32 m
     const u32 a = tiles[1 + 2 * tile], i0 = tiles[2 + 2 * tile], off = plan[1 + maxa + a];
     if (WGS == 2 && (i0 - off) / MG_BM % 2) return;  // the pair's second tile: its first's block takes it
     const u32 i1 = min(i0 + 64 * WGS, plan[1 + maxa + a + 1]);
-    if (wg_rows_two_parts(plan + 2 + 2 * maxa, i0, i1, ek, flags, mode)) moe_wg_body<GATED, 2, WGS>(w, plan, maxa, n, (const u16*)x, out, k, rows, cols, inter, flags, ek, mode, i0, i1, a, slice);
-    else moe_wg_body<GATED, 1, WGS>(w, plan, maxa, n, (const u16*)x, out, k, rows, cols, inter, flags, ek, mode, i0, i1, a, slice);
+    if (mg_rows_two_parts(plan + 2 + 2 * maxa, i0, i1, ek, flags, mode)) moe_wg_body<GATED, 2, WGS>(w, plan, maxa, (const u16*)x, out, k, rows, cols, inter, flags, ek, mode, i0, i1, a, slice);
+    else moe_wg_body<GATED, 1, WGS>(w, plan, maxa, (const u16*)x, out, k, rows, cols, inter, flags, ek, mode, i0, i1, a, slice);
 }
 
 // As moe_gemm_gate_up_bf16 / moe_gemm_down_bf16 (same grids, or with order 1 their transpose,
-// moe_wg_tile; dynamic shared size
-// WG_SMEM_BYTES(1, 1) for mode 0, WG_SMEM_BYTES(2, 1) otherwise), over bf16 parts: xs from
-// moe_wg_split ([tokens][2 · hidden]), h as gate|up writes it ([plan rows][2 · inter]).
+// moe_wg_tile; dynamic shared size WG_SMEM_BYTES(1, 1) for mode 0, WG_SMEM_BYTES(2, 1)
+// otherwise), over bf16 parts: xs from moe_wg_split ([tokens][2 · hidden]), h as gate|up writes it ([plan rows][2 · inter]).
 extern "C" __global__ void __launch_bounds__(MG_THREADS) moe_wg_gate_up_bf16(const u64* w, const u32* plan, u32 maxa, u32 n, const void* xs, void* h, u32 k, u32 hidden, u32 inter, const u32* flags, u32 mode, u32 order) { WEFT_PDL_ENTRY();
     moe_wg_tile<1, 1>(w, plan, maxa, n, xs, h, k, 2 * inter, hidden, inter, k, flags, mode, order);
 }

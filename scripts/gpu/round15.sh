@@ -12,7 +12,6 @@ OUT=${OUT:-.device/out}; mkdir -p "$OUT"
 export WEFT_DEMO_MODEL=$PWD/models/demo
 R="$OUT/round15.md"; touch "$R"
 nvidia-smi --query-gpu=name --format=csv,noheader | tee -a "$R"
-D="WEFT_CUDA_KERNEL_DIR=kernels"
 if [ "${PART:-ab}" = final ]; then
   # PART=ab's comparison of the defaults' neighbours, the GPU tests under the defaults
   # (TESTS: test-name filters of the MoE kernel tests), then (PROFILE=1) one profile.
