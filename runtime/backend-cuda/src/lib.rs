@@ -91,6 +91,8 @@ pub const KERNEL_SOURCE: &str = concat!(
     "\n",
     include_str!("../../../kernels/mla_grouped.cu"),
     "\n",
+    include_str!("../../../kernels/mla_flash.cu"),
+    "\n",
     include_str!("../../../kernels/dummy.cu"),
     "\n",
     include_str!("../../../kernels/sample.cu"),
@@ -203,6 +205,7 @@ pub const KERNELS: &[&str] = &[
     "mla_decode_mmg2w",
     "mla_decode_mmg4wq1_bf16",
     "mla_combine",
+    "mla_flash_bf16",
     "dummy_bf16",
     "dummy_fp8",
     "front_edits",
@@ -312,6 +315,10 @@ pub struct CudaBackend {
     /// MLA decode attention on tensor cores (`mla_decode_mma`) where the shape fits
     /// (`WEFT_CUDA_MLA_MMA=0`: the CUDA-core `mla_decode`, for comparisons).
     pub mla_mma: bool,
+    /// One-part rows of prefill runs attend in one pass on tensor cores (`mla_flash_bf16`,
+    /// mla_prefill.rs) where the widths fit (`WEFT_CUDA_MLA_FLASH=0`: scores through cuBLAS and
+    /// a softmax pass, for comparisons).
+    pub mla_flash: bool,
     /// The grouped tensor-core MLA kernels (`mla_decode_mmg*`, mla_grouped.cu) where they were
     /// measured faster than `mla_decode_mma` (`WEFT_CUDA_MLA_GROUPED=0`: never, for
     /// comparisons).
@@ -466,7 +473,7 @@ fn keep_pool_memory(ctx: &CudaContext) {
 }
 
 /// The files of `KERNEL_SOURCE`, in its order.
-const KERNEL_FILES: &[&str] = &["weft_port.h", "weft.cu", "gemv.cu", "moe.cu", "mma.cu", "moe_gemm.cu", "moe_wgmma.cu", "mla.cu", "mla_grouped.cu", "dummy.cu", "sample.cu", "gemm.cu"];
+const KERNEL_FILES: &[&str] = &["weft_port.h", "weft.cu", "gemv.cu", "moe.cu", "mma.cu", "moe_gemm.cu", "moe_wgmma.cu", "mla.cu", "mla_grouped.cu", "mla_flash.cu", "dummy.cu", "sample.cu", "gemm.cu"];
 
 /// The kernels' source: the built-in one, or with `WEFT_CUDA_KERNEL_DIR=<dir>` the files of
 /// `KERNEL_FILES` read from that folder at start-up — for kernel experiments on a GPU machine
@@ -559,6 +566,7 @@ impl CudaBackend {
             "moe_wg_down_bf16",
             "moe_wg2_gate_up_bf16",
             "moe_wg2_down_bf16",
+            "mla_flash_bf16",
         ]
         .into_iter()
         .chain(mla::MMG_KERNELS.iter().map(|k| k.name))
@@ -610,6 +618,7 @@ impl CudaBackend {
             mma,
             wgmma: mma && arch == "sm_90a" && std::env::var("WEFT_CUDA_WGMMA").map_or(true, |v| v != "0"),
             mla_mma: mma && std::env::var("WEFT_CUDA_MLA_MMA").map_or(true, |v| v != "0"),
+            mla_flash: mma && std::env::var("WEFT_CUDA_MLA_FLASH").map_or(true, |v| v != "0"),
             mma_min_m: std::env::var("WEFT_CUDA_MMA_MIN_M").ok().and_then(|v| v.parse().ok()).unwrap_or(2),
             mma_max_m: [0, 1].map(|i| {
                 let var = ["WEFT_CUDA_MMA_MAX_M", "WEFT_CUDA_MMA_MAX_M_FP8"][i];

@@ -17,7 +17,10 @@
 //! long runs (decodes, short chunks, speculative verification) take the decode kernels. Inside
 //! a step, a run's prompt rows take one bf16 part (`precision.rs`, the default): every operand's
 //! second part is left out for their tiles, one product instead of three; a precise tail (drafts
-//! scored in the run's pass) keeps them.
+//! scored in the run's pass) keeps them. Those one-part rows of the per-head form attend in one
+//! pass (`mla_flash_bf16`, kernels/mla_flash.cu: scores, causal softmax and values per 64 rows
+//! and head in registers and shared memory, nothing materialised) where the widths are
+//! DeepSeek-V3's (192-wide keys, 128-wide values) and `WEFT_CUDA_MLA_FLASH` is not 0.
 
 use crate::mla::MlaArgs;
 use crate::ops::cfg;
@@ -127,6 +130,10 @@ impl CudaBackend {
         let total = ctx0 + len;
         let tile = self.query_tile(heads, total, len);
         let mut i0 = 0;
+        if split > 0 && self.flash_applies(keys, kw, queries, values, vw, out, heads) {
+            self.flash(keys.hi, queries.hi, values.hi, out, heads, ctx0, split, scale)?;
+            i0 = split;
+        }
         while i0 < len {
             let one = i0 < split;
             let r = tile.min(if one { split } else { len } - i0);
@@ -161,6 +168,26 @@ impl CudaBackend {
             }
             i0 += r;
         }
+        Ok(())
+    }
+
+    /// Whether `attend`'s one-part rows can take `mla_flash_bf16` (kernels/mla_flash.cu): the
+    /// kernel on, the per-head widths it is built for, operands laid out `[row][head][width]`.
+    #[allow(clippy::too_many_arguments)]
+    fn flash_applies(&self, keys: Parts, kw: usize, queries: Parts, values: Parts, vw: usize, out: Parts, heads: usize) -> bool {
+        let per_head = |p: Parts, w: usize| p.head == w as i64 && p.ld == heads * w;
+        self.mla_flash && FLASH_SMEM as usize <= self.smem_optin && (kw, vw) == (FLASH_KW, FLASH_VW) && per_head(keys, kw) && per_head(queries, kw) && per_head(values, vw) && out.head == vw as i64
+    }
+
+    /// Rows `0..rows` of a run (queries, keys, values: first parts) attending causally in one
+    /// pass per 64 rows and head, into `out` (f32, `out.ld` apart).
+    #[allow(clippy::too_many_arguments)]
+    fn flash(&self, keys: u64, queries: u64, values: u64, out: Parts, heads: usize, ctx0: usize, rows: usize, scale: f32) -> Result<()> {
+        let (r32, c32, h32, ld32) = (rows as u32, ctx0 as u32, heads as u32, out.ld as u32);
+        let mut b = self.stream.launch_builder(self.func("mla_flash_bf16"));
+        b.arg(&queries).arg(&keys).arg(&values).arg(&out.hi).arg(&r32).arg(&c32).arg(&h32).arg(&ld32).arg(&scale);
+        let grid = (rows.div_ceil(FLASH_ROWS) as u32, heads as u32, 1);
+        unsafe { b.launch(cudarc::driver::LaunchConfig { grid_dim: grid, block_dim: (128, 1, 1), shared_mem_bytes: FLASH_SMEM }) }.map_err(dev)?;
         Ok(())
     }
 
@@ -275,6 +302,13 @@ impl CudaBackend {
         self.attend(keys, kw, queries, values, v, out, heads, ctx.ctx0, (run.len, split), scale)
     }
 }
+
+/// `kernels/mla_flash.cu`'s shape: query rows per block, key and value widths, shared bytes
+/// (`FA_SMEM_BYTES`: the query tile and two stages of keys and values, rows padded by 8).
+const FLASH_ROWS: usize = 64;
+const FLASH_KW: usize = 192;
+const FLASH_VW: usize = 128;
+const FLASH_SMEM: u32 = 2 * (64 * (FLASH_KW as u32 + 8) + 2 * 64 * (FLASH_KW as u32 + 8 + FLASH_VW as u32 + 8));
 
 /// A run's gathered context: `c` holds `[total][w]` bf16 values, then (`lo`) the second parts.
 struct Context {

@@ -44,6 +44,12 @@ fn mla_decode_on_the_cpu_emulator() {
     run_emulated("mla_test");
 }
 
+/// Prefill attention in one pass (kernels/mla_flash.cu) against a float64 causal softmax.
+#[test]
+fn prefill_flash_attention_on_the_cpu_emulator() {
+    run_emulated("flash_test");
+}
+
 #[test]
 fn sampling_front_end_on_the_cpu_emulator() {
     run_emulated("front_test");

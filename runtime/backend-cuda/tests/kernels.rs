@@ -337,6 +337,30 @@ fn mla_attention_head_counts_and_single_rows() {
     }
 }
 
+/// Two sequences' latents stored in both backends' pools (MLA widths 512 + 64, pages of 64; a
+/// bf16 cache shares the CPU's rounded values): `a` (`len` tokens on its table) and b (100 tokens
+/// on pages 40..41). Rows: a decode row of b, a 300-row chunk of a ending at its last token, two
+/// rows of b.
+fn chunk_beside_decodes<'t>(
+    g: &CudaBackend,
+    c: &CpuBackend,
+    dtype: KvDtype,
+    (ta, len): (&'t [u32], usize),
+    tb: &'t [u32],
+    r: &mut Rng,
+) -> (<CudaBackend as Backend>::KvPool, <CpuBackend as Backend>::KvPool, Vec<AttnRow<'t>>) {
+    let layout = KvLayout { layers: 2, num_pages: 48, page_size: 64, latent_dim: 512, rope_dim: 64, dtype };
+    let (mut pg, mut pc) = (g.alloc_kv_pool(layout).unwrap(), c.alloc_kv_pool(layout).unwrap());
+    for (table, n) in [(ta, len), (tb, 100)] {
+        store_latents(g, c, (&mut pg, &mut pc), 1, table, n, r);
+    }
+    share_bf16_cache(g, &mut pg, &pc);
+    let mut rows = vec![AttnRow { block_table: tb, ctx_len: 97 }];
+    rows.extend((0..300).map(|i| AttnRow { block_table: ta, ctx_len: len - 299 + i }));
+    rows.extend([AttnRow { block_table: tb, ctx_len: 99 }, AttnRow { block_table: tb, ctx_len: 100 }]);
+    (pg, pc, rows)
+}
+
 /// Prefill chunks (long runs of one sequence's rows) attend through cuBLAS, split in query tiles
 /// when the scores would outgrow their budget; decode rows in the same step take the kernels.
 #[test]
@@ -346,20 +370,10 @@ fn mla_prefill_runs_match_cpu() {
     let mut r = Rng(16);
     let (rd, latent) = (64, 512);
     for dtype in [KvDtype::F32, KvDtype::Bf16] {
-        let layout = KvLayout { layers: 2, num_pages: 48, page_size: 64, latent_dim: latent, rope_dim: rd, dtype };
-        let (mut pg, mut pc) = (g.alloc_kv_pool(layout).unwrap(), c.alloc_kv_pool(layout).unwrap());
         // sequence a: 2500 tokens on pages 39..0 (reversed); b: 100 tokens on pages 40..41
         let n: usize = 2500;
-        let ta: Vec<u32> = (0..n.div_ceil(64) as u32).rev().collect();
-        let tb: Vec<u32> = vec![40, 41];
-        for (table, len) in [(&ta, n), (&tb, 100)] {
-            store_latents(&g, &c, (&mut pg, &mut pc), 1, table, len, &mut r);
-        }
-        share_bf16_cache(&g, &mut pg, &pc);
-        // a decode row of b, a 300-row chunk of a ending at its last token, two rows of b
-        let mut rows = vec![AttnRow { block_table: &tb, ctx_len: 97 }];
-        rows.extend((0..300).map(|i| AttnRow { block_table: &ta, ctx_len: n - 299 + i }));
-        rows.extend([AttnRow { block_table: &tb, ctx_len: 99 }, AttnRow { block_table: &tb, ctx_len: 100 }]);
+        let (ta, tb): (Vec<u32>, Vec<u32>) = ((0..n.div_ceil(64) as u32).rev().collect(), vec![40, 41]);
+        let (pg, pc, rows) = chunk_beside_decodes(&g, &c, dtype, (&ta, n), &tb, &mut r);
         for (heads, budget) in [(16usize, 1usize << 30), (16, 8 << 20), (64, 1 << 30)] {
             g.mla_score_bytes = budget;
             let q_lat = r.vec(rows.len() * heads * latent, 0.5);
@@ -386,6 +400,59 @@ fn mla_prefill_runs_match_cpu() {
             );
         }
         (g.mla_decompress, g.mla_prefill_tile) = (true, 256);
+    }
+}
+
+/// Inside a step, a prefill run's prompt rows attend through `mla_flash_bf16` (one pass per 64
+/// rows and head; kernels/mla_flash.cu): bf16-grade against the CPU, close to the one-part cuBLAS
+/// path it replaces (`mla_flash` off), the step's decode rows and a precise tail of drafts
+/// f32-grade, and over a bf16 cache the prompt rows' bits the same with and without the tail.
+#[test]
+fn prefill_rows_attend_in_one_pass_inside_a_step() {
+    use weft_backend::StepBatch;
+    let Some(mut g) = gpu() else { return };
+    if !g.mla_flash {
+        eprintln!("SKIPPED: no mla_flash_bf16 on this device");
+        return;
+    }
+    let c = CpuBackend::new();
+    let mut r = Rng(23);
+    let (rd, latent, nope, v) = (64, 512, 128, 128);
+    for dtype in [KvDtype::Bf16, KvDtype::F32] {
+        // sequence a: 1000 tokens on pages 15..0 (reversed), its chunk after 700 cached tokens
+        let n: usize = 1000;
+        let (ta, tb): (Vec<u32>, Vec<u32>) = ((0..n.div_ceil(64) as u32).rev().collect(), vec![40, 41]);
+        let (mut pg, pc, rows) = chunk_beside_decodes(&g, &c, dtype, (&ta, n), &tb, &mut r);
+        let m = rows.len();
+        let zeros = vec![0u32; m];
+        for heads in [16usize, 64] {
+            let (uk, uv) = (bf16_matrix(&mut r, heads * latent, nope, 0.05), bf16_matrix(&mut r, heads * v, latent, 0.05));
+            let (q_nope, q_pe) = (r.vec(m * heads * nope, 0.5), r.vec(m * heads * rd, 0.5));
+            let want = c.mla_attention_heads(&pc, 1, &q_nope, &q_pe, &c.upload_matrix(&uk).unwrap(), &c.upload_matrix(&uv).unwrap(), heads, &rows, 0.06).unwrap();
+            let (guk, guv, gq, gp) = (g.upload_matrix(&uk).unwrap(), g.upload_matrix(&uv).unwrap(), g.upload(&q_nope).unwrap(), g.upload(&q_pe).unwrap());
+            let w = heads * v;
+            let mut runs = vec![];
+            for (flash, exact) in [(true, &[][..]), (false, &[][..]), (true, &[(298u32, 301u32)][..])] {
+                g.mla_flash = flash;
+                let step = StepBatch { tokens: &zeros, positions: &zeros, slots: &zeros, attn: &rows, exact_rows: exact };
+                let got = g.run_step(&mut pg, &step, m * w, &mut |p: &mut weft_cuda::CudaKvPool| g.mla_attention_heads(p, 1, &gq, &gp, &guk, &guv, heads, &rows, 0.06)).unwrap();
+                let got = g.download(&got).unwrap();
+                let one_end = if exact.is_empty() { 301 } else { 298 };
+                let e = |rs: std::ops::Range<usize>| rows_err("mla heads", &got, &want, w, rs);
+                let (dec, run, tail) = (e(0..1).max(e(301..m)), e(1..one_end), if exact.is_empty() { 0.0 } else { e(298..301) });
+                eprintln!("  {dtype:?} cache, {heads} heads, flash {flash}, exact {exact:?}: decode rows {dec:.2e}, run rows {run:.2e}, exact tail {tail:.2e}");
+                assert!(dec <= 1e-4 && tail <= 1e-4, "decode and exact rows stay f32-grade");
+                assert!(run > 1e-5 && run < 1e-2, "the run's rows are bf16-grade: {run:e}");
+                runs.push(got);
+            }
+            let d = rows_err("flash against cuBLAS", &runs[0], &runs[1], w, 1..298);
+            eprintln!("  {dtype:?} cache, {heads} heads: flash against the cuBLAS one-part path {d:.2e}");
+            assert!(d < 5e-3, "one pass and the materialised scores disagree: {d:e}");
+            if dtype == KvDtype::Bf16 {
+                assert!(runs[0][w..298 * w] == runs[2][w..298 * w], "prompt rows whose bits changed with a precise tail");
+            }
+        }
+        g.mla_flash = true;
     }
 }
 
