@@ -266,13 +266,31 @@ MOE_ENTRY(8)
 // shared chunks run with them), summed in order (deterministic), then + add[t, :] (the shared
 // experts' output, when they ran apart) when has_add. Only slots whose expert is among
 // first..first+held or a shared chunk (ids E..E+S) count (all of them unless expert-parallel:
-// the other ranks add theirs through the all-reduce). Block b covers token b / chunks and
-// blockDim dims of it: a single token spreads over hidden / blockDim blocks.
+// the other ranks add theirs through the all-reduce). Each thread sums 4 consecutive dims
+// (16-byte loads; rows of a multiple of 4, buffers 16-byte aligned as allocated) or, for other
+// widths, one. Block b covers token b / chunks and blockDim threads' dims of it: a single token
+// spreads over hidden / (4 · blockDim) blocks (moe.rs sizes the grid the same way).
 extern "C" __global__ void moe_combine(const float* __restrict__ y, const float* __restrict__ wts, const u32* __restrict__ ids, u32 E, u32 S, u32 first, u32 held, const float* __restrict__ add, int has_add, float* __restrict__ out, u32 k, u32 hidden) { WEFT_PDL_ENTRY();
-    u32 chunks = (hidden + blockDim.x - 1) / blockDim.x;
-    i64 t = blockIdx.x / chunks;
-    u32 d = (blockIdx.x % chunks) * blockDim.x + threadIdx.x;
+    const u32 per = hidden % 4 == 0 ? 4 : 1;
+    const u32 chunks = (hidden + per * blockDim.x - 1) / (per * blockDim.x);
+    const i64 t = blockIdx.x / chunks;
+    const u32 d = ((blockIdx.x % chunks) * blockDim.x + threadIdx.x) * per;
     if (d >= hidden) return;
+    if (per == 4) {
+        float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (u32 j = 0; j < k; j++)
+            if (local_expert(ids[t * k + j], E, S, first, held) < held + S) {
+                const float w = wts[t * k + j];
+                const float4 v = *(const float4*)(y + (t * k + j) * hidden + d);
+                s = make_float4(s.x + w * v.x, s.y + w * v.y, s.z + w * v.z, s.w + w * v.w);
+            }
+        if (has_add) {
+            const float4 a = *(const float4*)(add + t * hidden + d);
+            s = make_float4(s.x + a.x, s.y + a.y, s.z + a.z, s.w + a.w);
+        }
+        *(float4*)(out + t * hidden + d) = s;
+        return;
+    }
     float s = 0.f;
     for (u32 j = 0; j < k; j++)
         if (local_expert(ids[t * k + j], E, S, first, held) < held + S) s += wts[t * k + j] * y[(t * k + j) * hidden + d];

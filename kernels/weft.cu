@@ -46,21 +46,8 @@ extern "C" __global__ void gather_rows(const float* x, const u32* rows, float* o
     for (u32 j = threadIdx.x; j < d; j += blockDim.x) out[(i64)blockIdx.x * d + j] = x[(i64)rows[blockIdx.x] * d + j];
 }
 
-// out = w * x / sqrt(mean(x^2) + eps), one block per row.
-// (`out`: f32, or the bf16 latent cache.)
-template <typename O>
-__device__ void rms_row(const float* x, const float* w, O* out, u32 dim, float eps, float* sh) {
-    float s = 0.f;
-    for (u32 j = threadIdx.x; j < dim; j += blockDim.x) s += x[j] * x[j];
-    float ms = block_sum(s, sh) / (float)dim;
-    float r = 1.0f / sqrtf(ms + eps);
-    for (u32 j = threadIdx.x; j < dim; j += blockDim.x) kv_st(out + j, w[j] * (x[j] * r));
-}
-
-// Rows up to RMS_REGS * blockDim.x wide are held in registers between the sum of squares and
-// the scaling (one read of the input), and summed with sub-group sums (two barriers, not one
-// per tree level): these norms run twice per layer on one row at batch 1, where latency is all.
-#define RMS_REGS 32
+// Sum over the block by sub-group sums (two barriers); blockDim.x a multiple of WEFT_WARP,
+// `sh` at least blockDim.x / WEFT_WARP floats.
 __device__ __forceinline__ float block_sum_lanes(float v, float* sh) {
     v = warp_sum(v);
     u32 nw = blockDim.x / WEFT_WARP;
@@ -72,50 +59,79 @@ __device__ __forceinline__ float block_sum_lanes(float v, float* sh) {
     return t;
 }
 
+// out = w * x / sqrt(mean(x^2) + eps), one block per row.
+// (`out`: f32, or the bf16 latent cache.)
+template <typename O>
+__device__ void rms_row(const float* x, const float* w, O* out, u32 dim, float eps, float* sh) {
+    float s = 0.f;
+    for (u32 j = threadIdx.x; j < dim; j += blockDim.x) s += x[j] * x[j];
+    float ms = block_sum_lanes(s, sh) / (float)dim;
+    float r = 1.0f / sqrtf(ms + eps);
+    for (u32 j = threadIdx.x; j < dim; j += blockDim.x) kv_st(out + j, w[j] * (x[j] * r));
+}
+
+// Rows up to 4 * RMS_V * blockDim.x wide (the host sizes the block by the row: 256 threads for
+// 2048, 896 for 7168) are held in registers between the sum of squares and the scaling, as
+// RMS_V float4s a thread (one read of the input, 16-byte accesses), and summed with sub-group
+// sums (two barriers, not one per tree level): these norms run twice per layer on one row at
+// batch 1, where latency is all, and over every prompt row at prefill, where they must stream.
+// Few registers a thread (~40): the first version held 32 floats of each operand whatever the
+// row, took 253 registers and one block per SM, and ran at ~40 % of copy bandwidth.
+#define RMS_V 2
+
+// Whether rms_row_v4 takes a row: width a multiple of 4 within the block's registers, every
+// row start 16-byte aligned.
+__device__ __forceinline__ bool rms_v4_fits(u32 dim, const void* a, const void* b, const void* c, const void* d) {
+    return dim % 4 == 0 && dim <= 4 * RMS_V * blockDim.x && (((u64)a | (u64)b | (u64)c | (u64)d) & 15) == 0;
+}
+
 // x = src (+ delta, written back to res when ADD); out = w * x / rms(x).
 template <bool ADD>
-__device__ void rms_row_regs(const float* src, const float* delta, float* res, const float* w, float* out, u32 dim, float eps, float* sh) {
+__device__ void rms_row_v4(const float* src, const float* delta, float* res, const float* w, float* out, u32 dim, float eps, float* sh) {
     // Every load is issued before the first store: `res` aliases `src`, so a store between
     // them would make each load wait for the previous one (a latency chain per element).
     // The norm weights are loaded with the row, not after the reduction (one latency, not two).
-    float v[RMS_REGS], dv[RMS_REGS], wv[RMS_REGS];
+    float4 v[RMS_V], dv[RMS_V], wv[RMS_V];
+    const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-    for (int k = 0; k < RMS_REGS; k++) {
-        u32 j = threadIdx.x + k * blockDim.x;
-        v[k] = j < dim ? src[j] : 0.f;
-        dv[k] = ADD && j < dim ? delta[j] : 0.f;
-        wv[k] = j < dim ? w[j] : 0.f;
+    for (int k = 0; k < RMS_V; k++) {
+        const u32 j = 4 * (threadIdx.x + k * blockDim.x);
+        v[k] = j < dim ? *(const float4*)(src + j) : z;
+        dv[k] = ADD && j < dim ? *(const float4*)(delta + j) : z;
+        wv[k] = j < dim ? *(const float4*)(w + j) : z;
     }
     float s = 0.f;
 #pragma unroll
-    for (int k = 0; k < RMS_REGS; k++) {
-        u32 j = threadIdx.x + k * blockDim.x;
+    for (int k = 0; k < RMS_V; k++) {
+        const u32 j = 4 * (threadIdx.x + k * blockDim.x);
         if (ADD) {
-            v[k] += dv[k];
-            if (j < dim) res[j] = v[k];
+            v[k] = make_float4(v[k].x + dv[k].x, v[k].y + dv[k].y, v[k].z + dv[k].z, v[k].w + dv[k].w);
+            if (j < dim) *(float4*)(res + j) = v[k];
         }
-        s += v[k] * v[k];
+        s += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
     }
-    float r = 1.0f / sqrtf(block_sum_lanes(s, sh) / (float)dim + eps);
+    const float r = 1.0f / sqrtf(block_sum_lanes(s, sh) / (float)dim + eps);
 #pragma unroll
-    for (int k = 0; k < RMS_REGS; k++) {
-        u32 j = threadIdx.x + k * blockDim.x;
-        if (j < dim) out[j] = wv[k] * (v[k] * r);
+    for (int k = 0; k < RMS_V; k++) {
+        const u32 j = 4 * (threadIdx.x + k * blockDim.x);
+        if (j < dim) *(float4*)(out + j) = make_float4(wv[k].x * (v[k].x * r), wv[k].y * (v[k].y * r), wv[k].z * (v[k].z * r), wv[k].w * (v[k].w * r));
     }
 }
 
+// One block per row (blockDim.x a multiple of 64, up to 1024: ops.rs `norm_cfg`); rows
+// rms_row_v4 does not take go through rms_row (two passes).
 extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, u32 dim, float eps) { WEFT_PDL_ENTRY();
     __shared__ float sh[BLOCK];
     i64 o = (i64)blockIdx.x * dim;
-    if (dim <= RMS_REGS * blockDim.x) rms_row_regs<false>(x + o, 0, 0, w, out + o, dim, eps, sh);
+    if (rms_v4_fits(dim, x + o, w, out + o, w)) rms_row_v4<false>(x + o, 0, 0, w, out + o, dim, eps, sh);
     else rms_row(x + o, w, out + o, dim, eps, sh);
 }
 
 extern "C" __global__ void add_rms_norm(float* res, const float* delta, const float* w, float* out, u32 dim, float eps) { WEFT_PDL_ENTRY();
     __shared__ float sh[BLOCK];
     i64 o = (i64)blockIdx.x * dim;
-    if (dim <= RMS_REGS * blockDim.x) {
-        rms_row_regs<true>(res + o, delta + o, res + o, w, out + o, dim, eps, sh);
+    if (rms_v4_fits(dim, res + o, delta + o, w, out + o)) {
+        rms_row_v4<true>(res + o, delta + o, res + o, w, out + o, dim, eps, sh);
         return;
     }
     for (u32 j = threadIdx.x; j < dim; j += blockDim.x) res[o + j] += delta[o + j];

@@ -145,7 +145,7 @@ int main() {
                 else if (wg) moe_wg_down_bf16(tdn.data(), plan.data(), maxa, n, h.data(), y.data(), H, I, KS, flags.data(), md, WO);
                 else moe_gemm_down_bf16(tdn.data(), plan.data(), maxa, n, h.data(), y.data(), H, I, KS, flags.data(), md);
             });
-            emu_launch(M * ((H + 127) / 128), 1, 128, [&] { moe_combine(y.data(), wts.data(), ids.data(), E, c.S, c.first, c.held, nullptr, 0, out.data(), KS, H); });
+            emu_launch(M * ((H + 511) / 512), 1, 128, [&] { moe_combine(y.data(), wts.data(), ids.data(), E, c.S, c.first, c.held, nullptr, 0, out.data(), KS, H); });
             return out;
         };
         const std::vector<float> out = layer(mode);

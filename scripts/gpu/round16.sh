@@ -2,8 +2,9 @@
 # On the GPU machine (binaries from scripts/gpu/build_device.sh in .device/): round 16
 # (results/roofline-h200.md), prefill attention in one pass (kernels/mla_flash.cu).
 # PART=tests: the GPU tests of the prefill attention paths (KTESTS: name filters of
-# cuda-kernels-test). PART=ab: Moonlight under each of SETTINGS (';'-separated settings of
-# space-separated VAR=value, "-" for the defaults), alternated ROUNDS times, batches BATCH and
+# cuda-kernels-test; MTESTS of cuda-kernels_moe-test, GRAPHS=1 the step-graph tests).
+# PART=ab: Moonlight under each of SETTINGS (';'-separated settings of space-separated
+# VAR=value, and bin=PATH for another roofline binary; "-" for the defaults), alternated ROUNDS times, batches BATCH and
 # prefills PREFILL (NxP: P prompts of N tokens in one step). PART=profile: where a prefill's time
 # goes (profile_prefill.sh for each of PREFILLS) and, with DECODE_BATCH, a decode step's
 # (profile_decode.sh at that batch). PART=all: tests, ab, profile.
@@ -17,15 +18,22 @@ P=${PART:-all}
 if [ "$P" = tests ] || [ "$P" = all ]; then
   echo "== cuda-kernels-test ${KTESTS:-prefill_rows_attend mla_prefill golden}" | tee -a "$R"
   timeout 200 .device/cuda-kernels-test --test-threads 1 --nocapture ${KTESTS:-prefill_rows_attend mla_prefill golden} 2>&1 | grep -E "^test |test result|panicked|assert|cache, .* heads|worst" | tee -a "$R"
+  if [ -n "${MTESTS:-}" ]; then
+    echo "== cuda-kernels_moe-test $MTESTS" | tee -a "$R"
+    timeout 200 .device/cuda-kernels_moe-test --test-threads 1 $MTESTS 2>&1 | grep -E "^test |test result|panicked|assert" | tee -a "$R"
+  fi
+  [ "${GRAPHS:-0}" = 1 ] && timeout 100 .device/cuda-step_graphs-test 2>&1 | grep -E "^test |test result|panicked" | tee -a "$R"
 fi
 if [ "$P" = ab ] || [ "$P" = all ]; then
   IFS=';' read -r -a sets <<< "${SETTINGS:--;WEFT_CUDA_MLA_FLASH=0}"
   for r in $(seq 1 ${ROUNDS:-2}); do
     for s in "${sets[@]}"; do
-      env_args=(); [ "$s" != "-" ] && read -r -a env_args <<< "$s"
+      args=(); [ "$s" != "-" ] && read -r -a args <<< "$s"
+      bin=.device/roofline; env_args=()
+      for a in "${args[@]+"${args[@]}"}"; do case $a in bin=*) bin=${a#bin=} ;; *) env_args+=("$a") ;; esac; done
       echo "== moonlight $s (round $r)" | tee -a "$R"
       t0=$(date +%s)
-      env "${env_args[@]}" timeout 150 .device/roofline models/dummy/moonlight-16b-a3b --dummy --batch ${BATCH:-1,64} --ctx 1024 --prefill ${PREFILL:-1024,4096,1024x4} --steps 4 2>&1 | grep -E "^\| [0-9]|panicked|rror" | tee -a "$R"
+      env "${env_args[@]+"${env_args[@]}"}" timeout 150 $bin models/dummy/moonlight-16b-a3b --dummy --batch ${BATCH:-1,64} --ctx 1024 --prefill ${PREFILL:-1024,4096,1024x4} --steps 4 2>&1 | grep -E "^\| [0-9]|panicked|rror" | tee -a "$R"
       echo "($(( $(date +%s) - t0 )) s)" | tee -a "$R"
     done
   done

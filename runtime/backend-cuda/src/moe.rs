@@ -481,7 +481,9 @@ impl CudaBackend {
         let mut l = self.stream.launch_builder(self.func("moe_combine"));
         l.arg(y).arg(wts).arg(ids).arg(&e32).arg(&s32).arg(&first32).arg(&held32).arg(add).arg(&has_add).arg(&mut out).arg(&k32).arg(&h32);
         let combine_threads = 128u32;
-        let blocks = m * hidden.div_ceil(combine_threads as usize);
+        // Four dims a thread where the rows allow (kernels/moe.cu).
+        let per = if hidden % 4 == 0 { 4 } else { 1 };
+        let blocks = m * hidden.div_ceil(per * combine_threads as usize);
         unsafe { l.launch(LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (combine_threads, 1, 1), shared_mem_bytes: 0 }) }.map_err(dev)?;
         Ok(out)
     }

@@ -41,6 +41,14 @@ pub(crate) fn cfg(grid: usize, shared: u32) -> LaunchConfig {
     LaunchConfig { grid_dim: (grid.max(1) as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: shared }
 }
 
+/// The launch of `rms_norm` / `add_rms_norm` over `rows` rows of `dim`: blocks as wide as two
+/// float4s a thread need (`RMS_V` in kernels/weft.cu), in whole 64-lane groups (a wavefront on
+/// AMD), 64 to 1024 threads; BLOCK where the row is not a multiple of 4 or too wide for that.
+pub(crate) fn norm_cfg(rows: usize, dim: usize) -> LaunchConfig {
+    let threads = if dim % 4 == 0 && dim <= 8 * 1024 { dim.div_ceil(8).next_multiple_of(64).clamp(64, 1024) as u32 } else { BLOCK };
+    LaunchConfig { grid_dim: (rows.max(1) as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+}
+
 pub(crate) fn flat(n: usize) -> LaunchConfig {
     cfg(n.div_ceil(BLOCK as usize).clamp(1, 65535), 0)
 }
@@ -379,7 +387,7 @@ impl Backend for CudaBackend {
         let mut out = self.out(m * dim)?;
         let mut l = self.stream.launch_builder(self.func("rms_norm"));
         l.arg(x).arg(weight).arg(&mut out).arg(&d).arg(&eps);
-        unsafe { l.launch(cfg(m, 0)) }.map_err(dev)?;
+        unsafe { l.launch(norm_cfg(m, dim)) }.map_err(dev)?;
         Ok(out)
     }
 
@@ -392,7 +400,7 @@ impl Backend for CudaBackend {
         let mut out = self.out(m * dim)?;
         let mut l = self.stream.launch_builder(self.func("add_rms_norm"));
         l.arg(residual).arg(delta).arg(weight).arg(&mut out).arg(&d).arg(&eps);
-        unsafe { l.launch(cfg(m, 0)) }.map_err(dev)?;
+        unsafe { l.launch(norm_cfg(m, dim)) }.map_err(dev)?;
         Ok(out)
     }
 
