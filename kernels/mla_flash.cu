@@ -6,10 +6,11 @@
 // (cuBLAS, the whole query-tile × key rectangle); here each block keeps its rows' running
 // maximum and sum in registers and rescales its output accumulators per key tile.
 //
-// Operands (bf16, as the per-head path lays them out): queries [rows][heads][FA_KW], keys
-// [keys][heads][FA_KW] (q_nope · k_nope over 128 columns and the rotary part over 64: the
-// DeepSeek-V3 / Kimi-K2 widths), values [keys][heads][FA_VW]; row i of the run sees keys
-// 0..=ctx0 + i. Output f32 [rows][out_ld] at head h's FA_VW columns.
+// Operands: queries as the model makes them, f32 q_nope [rows][heads][FA_NOPE] and q_pe
+// [rows][heads][FA_KW − FA_NOPE], rounded to bf16 as the block loads them (the bits
+// mla_q_split would give); keys bf16 [keys][heads][FA_KW] (k_nope, then the shared rotary
+// part: the DeepSeek-V3 / Kimi-K2 widths 128 + 64), values bf16 [keys][heads][FA_VW]; row i of
+// the run sees keys 0..=ctx0 + i. Output f32 [rows][out_ld] at head h's FA_VW columns.
 //
 // Block (x, y): 64 query rows of head y, 4 warps of 16 rows; x counts from the last query tile,
 // so the blocks that see the most keys start first. Key tiles of 64 keys, two in shared memory
@@ -22,8 +23,22 @@
 // Precision: the bf16-grade of the path it replaces (whose weights were normalised before their
 // rounding; here they are rounded before it), f32 accumulation throughout.
 #define FA_BM 64
+// Variants for measurements (WEFT_CUDA_KERNEL_DEFINES; mla_prefill.rs sizes shared memory by
+// WEFT_FA_BN): keys per tile (64, or 32: half the S and P registers, 69 KB of shared memory),
+// blocks per SM the registers are capped for (WEFT_FA_MINB, default 2), and the query fragments
+// read from shared memory at every k-step instead of held in registers (WEFT_FA_QSMEM).
+#ifdef WEFT_FA_BN
+#define FA_BN WEFT_FA_BN
+#else
 #define FA_BN 64
+#endif
+#ifdef WEFT_FA_MINB
+#define FA_MINB WEFT_FA_MINB
+#else
+#define FA_MINB 2
+#endif
 #define FA_KW 192
+#define FA_NOPE 128
 #define FA_VW 128
 #define FA_KLD (FA_KW + 8)  // shared row strides in bf16: 400 and 272 bytes, ≡ 16 (mod 128), so
 #define FA_VLD (FA_VW + 8)  // the eight rows of an ldmatrix phase fall in distinct bank groups
@@ -31,8 +46,8 @@
 // Shared memory of a block in bytes (the host's launch asks for the same).
 #define FA_SMEM_BYTES (2 * (FA_BM * FA_KLD + 2 * FA_STAGE))
 
-extern "C" __global__ void __launch_bounds__(128, 2)
-    mla_flash_bf16(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v, float* __restrict__ out, u32 rows, u32 ctx0, u32 heads, u32 out_ld, float scale) {
+extern "C" __global__ void __launch_bounds__(128, FA_MINB)
+    mla_flash_bf16(const float* __restrict__ qn, const float* __restrict__ qp, const u16* __restrict__ k, const u16* __restrict__ v, float* __restrict__ out, u32 rows, u32 ctx0, u32 heads, u32 out_ld, float scale) {
     WEFT_PDL_ENTRY();
     WEFT_DYNAMIC_SHARED(uint4, fa_smem);
     u16* sq = (u16*)fa_smem;
@@ -43,8 +58,14 @@ extern "C" __global__ void __launch_bounds__(128, 2)
     const u32 tiles = (last + FA_BN - 1) / FA_BN;
     for (u32 j = tid; j < FA_BM * (FA_KW / 8); j += 128) {
         const u32 r = j / (FA_KW / 8), c = j % (FA_KW / 8);
-        const bool ok = i0 + r < rows;
-        cp_async16(sq + r * FA_KLD + 8 * c, q + (ok ? (i0 + r) * kld : 0) + h * FA_KW + 8 * c, ok ? 16u : 0u);
+        uint4 b = make_uint4(0u, 0u, 0u, 0u);
+        if (i0 + r < rows) {
+            const i64 qr = (i64)(i0 + r) * heads + h;
+            const float* src = c < FA_NOPE / 8 ? qn + qr * FA_NOPE + 8 * c : qp + qr * (FA_KW - FA_NOPE) + 8 * (c - FA_NOPE / 8);
+            const float4 a = *(const float4*)src, e = *(const float4*)(src + 4);
+            b = make_uint4(bf16x2(a.x, a.y), bf16x2(a.z, a.w), bf16x2(e.x, e.y), bf16x2(e.z, e.w));
+        }
+        *(uint4*)(sq + r * FA_KLD + 8 * c) = b;
     }
     // Key tile `it` into stage `it % 2`; keys past `last` as zeros (masked for every stored row).
     auto load = [&](u32 it) {
@@ -64,7 +85,9 @@ extern "C" __global__ void __launch_bounds__(128, 2)
     };
     load(0);
     cp_async_commit();
+#ifndef WEFT_FA_QSMEM
     u32 qf[FA_KW / 16][4];
+#endif
     float o[FA_VW / 8][4];
 #pragma unroll
     for (int d = 0; d < FA_VW / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
@@ -76,10 +99,13 @@ extern "C" __global__ void __launch_bounds__(128, 2)
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
+        const u16* qrow = sq + (warp * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * FA_KLD + 8 * (lane / 16);
+#ifndef WEFT_FA_QSMEM
         if (it == 0) {
 #pragma unroll
-            for (int kk = 0; kk < FA_KW / 16; kk++) ldsm_x4(qf[kk], sq + (warp * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * FA_KLD + kk * 16 + 8 * (lane / 16));
+            for (int kk = 0; kk < FA_KW / 16; kk++) ldsm_x4(qf[kk], qrow + kk * 16);
         }
+#endif
         const u16* sk = sq + FA_BM * FA_KLD + (it % 2) * FA_STAGE;
         const u16* sv = sk + FA_BN * FA_KLD;
         float s[FA_BN / 8][4];
@@ -87,12 +113,18 @@ extern "C" __global__ void __launch_bounds__(128, 2)
         for (int n = 0; n < FA_BN / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < FA_KW / 16; kk++) {
+#ifdef WEFT_FA_QSMEM
+            u32 qk[4];
+            ldsm_x4(qk, qrow + kk * 16);
+#else
+            const u32(&qk)[4] = qf[kk];
+#endif
 #pragma unroll
             for (int np = 0; np < FA_BN / 16; np++) {
                 u32 b[4];
                 ldsm_x4(b, sk + (np * 16 + 8 * (lane / 16) + lane % 8) * FA_KLD + kk * 16 + 8 * ((lane / 8) % 2));
-                mma_bf16_16816(s[2 * np], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b[0], b[1]);
-                mma_bf16_16816(s[2 * np + 1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b[2], b[3]);
+                mma_bf16_16816(s[2 * np], qk[0], qk[1], qk[2], qk[3], b[0], b[1]);
+                mma_bf16_16816(s[2 * np + 1], qk[0], qk[1], qk[2], qk[3], b[2], b[3]);
             }
         }
         // Scale, mask the diagonal tiles, new maxima over the row's four lanes.

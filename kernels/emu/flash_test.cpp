@@ -1,6 +1,6 @@
 // mla_flash_bf16 (kernels/mla_flash.cu: prefill attention per head in one pass, mma.sync and
-// ldmatrix emulated) against a float64 causal softmax over the same bf16 queries, keys and
-// values: runs that start a prompt (ctx0 0) and chunks after a cached context (ctx0 37: key
+// ldmatrix emulated) against a float64 causal softmax over the same keys and values (bf16) and
+// the f32 queries rounded to bf16: runs that start a prompt (ctx0 0) and chunks after a cached context (ctx0 37: key
 // tiles that straddle the diagonal at an offset; 200: several tiles every row sees whole), with
 // a partial last query tile and a partial last key tile, two and three heads (head strides),
 // and an output wider than the heads' values (out_ld). Also that the rows past `rows` and the
@@ -28,14 +28,19 @@ int main() {
     for (Case c : {Case{150, 0, 2, 3.f}, Case{70, 37, 3, 0.5f}, Case{64, 200, 2, 3.f}, Case{129, 37, 2, 3.f}}) {
         const unsigned H = c.heads, keys = c.ctx0 + c.rows, ld_out = H * FA_VW + 8;
         auto bf = [&](float x) { return f32_to_bf16(x); };
-        std::vector<u16> q((size_t)c.rows * H * FA_KW), k((size_t)keys * H * FA_KW), v((size_t)keys * H * FA_VW);
-        for (auto& x : q) x = bf(U(rng) * c.qscale);
+        const unsigned RD = FA_KW - FA_NOPE;
+        std::vector<float> qn((size_t)c.rows * H * FA_NOPE), qp((size_t)c.rows * H * RD);
+        std::vector<u16> k((size_t)keys * H * FA_KW), v((size_t)keys * H * FA_VW);
+        for (auto& x : qn) x = U(rng) * c.qscale;  // f32: the kernel rounds them
+        for (auto& x : qp) x = U(rng) * c.qscale;
+        // the query column x of (row i, head h), rounded to bf16 as the kernel reads it
+        auto q = [&](unsigned i, unsigned h, unsigned x) { return bf16_to_f32(bf(x < FA_NOPE ? qn[((size_t)i * H + h) * FA_NOPE + x] : qp[((size_t)i * H + h) * RD + x - FA_NOPE])); };
         for (auto& x : k) x = bf(U(rng));
         for (auto& x : v) x = bf(U(rng));
         const float sentinel = 12345.f;
         std::vector<float> out((size_t)(c.rows + 1) * ld_out, sentinel);
         const float scale = 1.0f / std::sqrt((float)FA_KW);
-        emu_launch((c.rows + FA_BM - 1) / FA_BM, H, 128, [&] { mla_flash_bf16(q.data(), k.data(), v.data(), out.data(), c.rows, c.ctx0, H, ld_out, scale); });
+        emu_launch((c.rows + FA_BM - 1) / FA_BM, H, 128, [&] { mla_flash_bf16(qn.data(), qp.data(), k.data(), v.data(), out.data(), c.rows, c.ctx0, H, ld_out, scale); });
         double worst = 0, vmax = 0;
         bool untouched = true;
         for (unsigned i = 0; i < c.rows; i++)
@@ -45,7 +50,7 @@ int main() {
                 double mx = -1e300, sum = 0;
                 for (unsigned j = 0; j < n; j++) {
                     double d = 0;
-                    for (unsigned x = 0; x < FA_KW; x++) d += (double)bf16_to_f32(q[((size_t)i * H + h) * FA_KW + x]) * bf16_to_f32(k[((size_t)j * H + h) * FA_KW + x]);
+                    for (unsigned x = 0; x < FA_KW; x++) d += (double)q(i, h, x) * bf16_to_f32(k[((size_t)j * H + h) * FA_KW + x]);
                     s[j] = d * scale;
                     mx = std::max(mx, s[j]);
                 }

@@ -124,16 +124,12 @@ impl CudaBackend {
     /// `S = Q·Kᵀ` from the parts (hi·hi + hi·lo + lo·hi, f32 accumulation), the causal softmax
     /// split into parts, `O = P·V` the same way into `out` (`[rows][heads][vw]`, `out.ld` apart).
     /// Rows before `split` take every operand's first part alone (`precision.rs`); no tile
-    /// spans it.
+    /// spans it. Rows before `from` are left alone (`mla_flash_bf16` attended them).
     #[allow(clippy::too_many_arguments)]
-    fn attend(&self, keys: Parts, kw: usize, queries: Parts, values: Parts, vw: usize, out: Parts, heads: usize, ctx0: usize, (len, split): (usize, usize), scale: f32) -> Result<()> {
+    fn attend(&self, keys: Parts, kw: usize, queries: Parts, values: Parts, vw: usize, out: Parts, heads: usize, ctx0: usize, (from, len, split): (usize, usize, usize), scale: f32) -> Result<()> {
         let total = ctx0 + len;
         let tile = self.query_tile(heads, total, len);
-        let mut i0 = 0;
-        if split > 0 && self.flash_applies(keys, kw, queries, values, vw, out, heads) {
-            self.flash(keys.hi, queries.hi, values.hi, out, heads, ctx0, split, scale)?;
-            i0 = split;
-        }
+        let mut i0 = from;
         while i0 < len {
             let one = i0 < split;
             let r = tile.min(if one { split } else { len } - i0);
@@ -171,23 +167,23 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Whether `attend`'s one-part rows can take `mla_flash_bf16` (kernels/mla_flash.cu): the
-    /// kernel on, the per-head widths it is built for, operands laid out `[row][head][width]`.
-    #[allow(clippy::too_many_arguments)]
-    fn flash_applies(&self, keys: Parts, kw: usize, queries: Parts, values: Parts, vw: usize, out: Parts, heads: usize) -> bool {
-        let per_head = |p: Parts, w: usize| p.head == w as i64 && p.ld == heads * w;
-        self.mla_flash && FLASH_SMEM as usize <= self.smem_optin && (kw, vw) == (FLASH_KW, FLASH_VW) && per_head(keys, kw) && per_head(queries, kw) && per_head(values, vw) && out.head == vw as i64
+    /// Whether a run's one-part rows can take `mla_flash_bf16` (kernels/mla_flash.cu): the
+    /// kernel on, the per-head widths it is built for (`nope` + `rd` query and key columns, `vw`
+    /// value columns).
+    fn flash_applies(&self, nope: usize, rd: usize, vw: usize) -> bool {
+        self.mla_flash && flash_smem() as usize <= self.smem_optin && (nope, rd, vw) == (FLASH_NOPE, FLASH_KW - FLASH_NOPE, FLASH_VW)
     }
 
-    /// Rows `0..rows` of a run (queries, keys, values: first parts) attending causally in one
-    /// pass per 64 rows and head, into `out` (f32, `out.ld` apart).
+    /// Rows `0..rows` of a run attending causally in one pass per 64 rows and head: queries f32
+    /// (`q`: the run's first rows of q_nope and q_pe, rounded by the kernel), keys and values
+    /// the first parts `[key][head][width]`, into `out` (f32, `out.ld` apart).
     #[allow(clippy::too_many_arguments)]
-    fn flash(&self, keys: u64, queries: u64, values: u64, out: Parts, heads: usize, ctx0: usize, rows: usize, scale: f32) -> Result<()> {
+    fn flash(&self, keys: u64, q: (u64, u64), values: u64, out: Parts, heads: usize, ctx0: usize, rows: usize, scale: f32) -> Result<()> {
         let (r32, c32, h32, ld32) = (rows as u32, ctx0 as u32, heads as u32, out.ld as u32);
         let mut b = self.stream.launch_builder(self.func("mla_flash_bf16"));
-        b.arg(&queries).arg(&keys).arg(&values).arg(&out.hi).arg(&r32).arg(&c32).arg(&h32).arg(&ld32).arg(&scale);
+        b.arg(&q.0).arg(&q.1).arg(&keys).arg(&values).arg(&out.hi).arg(&r32).arg(&c32).arg(&h32).arg(&ld32).arg(&scale);
         let grid = (rows.div_ceil(FLASH_ROWS) as u32, heads as u32, 1);
-        unsafe { b.launch(cudarc::driver::LaunchConfig { grid_dim: grid, block_dim: (128, 1, 1), shared_mem_bytes: FLASH_SMEM }) }.map_err(dev)?;
+        unsafe { b.launch(cudarc::driver::LaunchConfig { grid_dim: grid, block_dim: (128, 1, 1), shared_mem_bytes: flash_smem() }) }.map_err(dev)?;
         Ok(())
     }
 
@@ -222,7 +218,7 @@ impl CudaBackend {
         let queries = Parts { hi: pq, lo: Some(pq + (rh * w * 2) as u64), ld: heads * w, head: w as i64 };
         let out = Parts { hi: po + (run.start * heads * lat * 4) as u64, lo: None, ld: heads * lat, head: lat as i64 };
         let split = run.len - self.run_precise_tail(rows.len(), run);
-        self.attend(latents, w, queries, latents, lat, out, heads, ctx.ctx0, (run.len, split), scale)
+        self.attend(latents, w, queries, latents, lat, out, heads, ctx.ctx0, (0, run.len, split), scale)
     }
 
     /// Attention of `run`'s rows with the context's keys and values decompressed per head
@@ -290,25 +286,48 @@ impl CudaBackend {
         }
         drop((k_nope, vals));
         let rh = run.len * heads;
-        let q = self.split_queries(q_nope, nope, q_pe, rd, run, heads)?;
         let (pk, _gk) = k.device_ptr(&self.stream);
         let (pvp, _gvp) = vp.device_ptr(&self.stream);
-        let (pq, _gq) = q.device_ptr(&self.stream);
         let (po, _go) = out.device_ptr_mut(&self.stream);
         let keys = Parts { hi: pk, lo: two.then_some(pk + (kn * 2) as u64), ld: heads * kw, head: kw as i64 };
         let values = Parts { hi: pvp, lo: two.then_some(pvp + (vn * 2) as u64), ld: heads * v, head: v as i64 };
-        let queries = Parts { hi: pq, lo: Some(pq + (rh * kw * 2) as u64), ld: heads * kw, head: kw as i64 };
         let out = Parts { hi: po + (run.start * heads * v * 4) as u64, lo: None, ld: heads * v, head: v as i64 };
-        self.attend(keys, kw, queries, values, v, out, heads, ctx.ctx0, (run.len, split), scale)
+        // The one-part rows in one pass from the f32 queries; the queries split into parts
+        // only for the rows left (a precise tail, or every row where the kernel does not apply).
+        let mut from = 0;
+        if split > 0 && self.flash_applies(nope, rd, v) {
+            let (qn, _gn) = q_nope.device_ptr(&self.stream);
+            let (qp, _gp) = q_pe.device_ptr(&self.stream);
+            let q = (qn + (run.start * heads * nope * 4) as u64, qp + (run.start * heads * rd * 4) as u64);
+            self.flash(pk, q, pvp, out, heads, ctx.ctx0, split, scale)?;
+            from = split;
+        }
+        if from == run.len {
+            return Ok(());
+        }
+        let q = self.split_queries(q_nope, nope, q_pe, rd, run, heads)?;
+        let (pq, _gq) = q.device_ptr(&self.stream);
+        let queries = Parts { hi: pq, lo: Some(pq + (rh * kw * 2) as u64), ld: heads * kw, head: kw as i64 };
+        self.attend(keys, kw, queries, values, v, out, heads, ctx.ctx0, (from, run.len, split), scale)
     }
 }
 
-/// `kernels/mla_flash.cu`'s shape: query rows per block, key and value widths, shared bytes
-/// (`FA_SMEM_BYTES`: the query tile and two stages of keys and values, rows padded by 8).
+/// `kernels/mla_flash.cu`'s shape: query rows per block, key width (and its non-rotary part),
+/// value width.
 const FLASH_ROWS: usize = 64;
 const FLASH_KW: usize = 192;
+const FLASH_NOPE: usize = 128;
 const FLASH_VW: usize = 128;
-const FLASH_SMEM: u32 = 2 * (64 * (FLASH_KW as u32 + 8) + 2 * 64 * (FLASH_KW as u32 + 8 + FLASH_VW as u32 + 8));
+
+/// `mla_flash_bf16`'s shared bytes (`FA_SMEM_BYTES`: the query tile and two stages of keys and
+/// values, rows padded by 8), with the keys per tile it was compiled for (`WEFT_FA_BN`).
+fn flash_smem() -> u32 {
+    static BYTES: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| {
+        let keys = crate::moe::kernel_define("WEFT_FA_BN").and_then(|v| v.parse().ok()).unwrap_or(64u32);
+        2 * (FLASH_ROWS as u32 * (FLASH_KW as u32 + 8) + 2 * keys * (FLASH_KW as u32 + 8 + FLASH_VW as u32 + 8))
+    })
+}
 
 /// A run's gathered context: `c` holds `[total][w]` bf16 values, then (`lo`) the second parts.
 struct Context {

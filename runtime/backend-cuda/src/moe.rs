@@ -33,7 +33,7 @@ const GEMM_THREADS: u32 = 128;
 
 /// The kernel variant's setting `name` in `WEFT_CUDA_KERNEL_DEFINES` (`NAME` or `NAME=value`;
 /// "" for a bare name), as the kernels were compiled with it.
-fn kernel_define(name: &str) -> Option<String> {
+pub(crate) fn kernel_define(name: &str) -> Option<String> {
     let defs = std::env::var("WEFT_CUDA_KERNEL_DEFINES").ok()?;
     defs.split(',').find_map(|d| if d == name { Some(String::new()) } else { d.strip_prefix(name)?.strip_prefix('=').map(str::to_string) })
 }
