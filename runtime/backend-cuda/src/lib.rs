@@ -489,6 +489,14 @@ fn kernel_source() -> Result<std::borrow::Cow<'static, str>> {
     Ok(s.into())
 }
 
+/// The kernel variant's setting `name` in `WEFT_CUDA_KERNEL_DEFINES` (`NAME` or `NAME=value`;
+/// "" for a bare name), as `compile_kernels` compiled the kernels with it: the host code sizes
+/// launches of variant kernels by it (moe.rs, mla_prefill.rs).
+pub(crate) fn kernel_define(name: &str) -> Option<String> {
+    let defs = std::env::var("WEFT_CUDA_KERNEL_DEFINES").ok()?;
+    defs.split(',').find_map(|d| if d == name { Some(String::new()) } else { d.strip_prefix(name)?.strip_prefix('=').map(str::to_string) })
+}
+
 /// Compiles every kernel in `kernels/` with NVRTC for `arch` (e.g. "sm_90a"), as the backend
 /// does when it starts. Needs only NVRTC, no GPU (the compile test runs it for every target).
 pub fn compile_kernels(arch: &'static str) -> Result<cudarc::nvrtc::Ptx> {

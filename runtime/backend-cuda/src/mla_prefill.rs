@@ -324,7 +324,7 @@ const FLASH_VW: usize = 128;
 fn flash_smem() -> u32 {
     static BYTES: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     *BYTES.get_or_init(|| {
-        let keys = crate::moe::kernel_define("WEFT_FA_BN").and_then(|v| v.parse().ok()).unwrap_or(64u32);
+        let keys = crate::kernel_define("WEFT_FA_BN").and_then(|v| v.parse().ok()).unwrap_or(64u32);
         2 * (FLASH_ROWS as u32 * (FLASH_KW as u32 + 8) + 2 * keys * (FLASH_KW as u32 + 8 + FLASH_VW as u32 + 8))
     })
 }

@@ -31,13 +31,6 @@ const TILE_ROWS: usize = 64;
 const GEMM_ROWS: usize = 128;
 const GEMM_THREADS: u32 = 128;
 
-/// The kernel variant's setting `name` in `WEFT_CUDA_KERNEL_DEFINES` (`NAME` or `NAME=value`;
-/// "" for a bare name), as the kernels were compiled with it.
-pub(crate) fn kernel_define(name: &str) -> Option<String> {
-    let defs = std::env::var("WEFT_CUDA_KERNEL_DEFINES").ok()?;
-    defs.split(',').find_map(|d| if d == name { Some(String::new()) } else { d.strip_prefix(name)?.strip_prefix('=').map(str::to_string) })
-}
-
 /// How the grouped GEMM was compiled: columns per stage (`MG_BK`: 32, or `WEFT_MG_BK=N`), and
 /// with `WEFT_MG_ASYNC` its bf16 kernels' cp.async stages (`WEFT_MG_STAGES`, default 3) over
 /// two-part bf16 operands.
@@ -49,8 +42,8 @@ struct GemmVariant {
 fn gemm_variant() -> &'static GemmVariant {
     static V: std::sync::OnceLock<GemmVariant> = std::sync::OnceLock::new();
     V.get_or_init(|| GemmVariant {
-        k: kernel_define("WEFT_MG_BK").and_then(|v| v.parse().ok()).unwrap_or(32),
-        async_stages: kernel_define("WEFT_MG_ASYNC").map(|_| kernel_define("WEFT_MG_STAGES").and_then(|v| v.parse().ok()).unwrap_or(3)),
+        k: crate::kernel_define("WEFT_MG_BK").and_then(|v| v.parse().ok()).unwrap_or(32),
+        async_stages: crate::kernel_define("WEFT_MG_ASYNC").map(|_| crate::kernel_define("WEFT_MG_STAGES").and_then(|v| v.parse().ok()).unwrap_or(3)),
     })
 }
 
@@ -98,7 +91,7 @@ fn wg_smem(parts: usize, groups: usize) -> u32 {
     static TIGHT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let tight = *TIGHT.get_or_init(|| std::env::var("WEFT_CUDA_WG_TIGHT").map_or(true, |v| v != "0"));
     let parts = if tight { parts } else { 2 };
-    let stages: usize = kernel_define("WEFT_WG_STAGES").and_then(|v| v.parse().ok()).unwrap_or(3);
+    let stages: usize = crate::kernel_define("WEFT_WG_STAGES").and_then(|v| v.parse().ok()).unwrap_or(3);
     (stages * (GEMM_ROWS + parts * groups * TILE_ROWS) * 128 + 1024) as u32
 }
 
