@@ -294,32 +294,49 @@ MOE_ENTRY(8)
 // (16-byte loads; rows of a multiple of 4, buffers 16-byte aligned as allocated) or, for other
 // widths, one. Block b covers token b / chunks and blockDim threads' dims of it: a single token
 // spreads over hidden / (4 · blockDim) blocks (moe.rs sizes the grid the same way).
+// N consecutive floats (N = 4: one 16-byte access).
+template <int N>
+__device__ __forceinline__ void ld_n(const float* p, float (&v)[N]) {
+    if constexpr (N == 4) {
+        const float4 q = *(const float4*)p;
+        v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+    } else {
+        for (int i = 0; i < N; i++) v[i] = p[i];
+    }
+}
+template <int N>
+__device__ __forceinline__ void st_n(float* p, const float (&v)[N]) {
+    if constexpr (N == 4) *(float4*)p = make_float4(v[0], v[1], v[2], v[3]);
+    else
+        for (int i = 0; i < N; i++) p[i] = v[i];
+}
+
+// moe_combine's sum for token t, dims d..d + N.
+template <int N>
+__device__ __forceinline__ void combine_dims(const float* y, const float* wts, const u32* ids, u32 E, u32 S, u32 first, u32 held, const float* add, int has_add, float* out, u32 k, u32 hidden, i64 t, u32 d) {
+    float s[N], v[N];
+    for (int i = 0; i < N; i++) s[i] = 0.f;
+    for (u32 j = 0; j < k; j++)
+        if (local_expert(ids[t * k + j], E, S, first, held) < held + S) {
+            const float w = wts[t * k + j];
+            ld_n<N>(y + (t * k + j) * hidden + d, v);
+            for (int i = 0; i < N; i++) s[i] += w * v[i];
+        }
+    if (has_add) {
+        ld_n<N>(add + t * hidden + d, v);
+        for (int i = 0; i < N; i++) s[i] += v[i];
+    }
+    st_n<N>(out + t * hidden + d, s);
+}
+
 extern "C" __global__ void moe_combine(const float* __restrict__ y, const float* __restrict__ wts, const u32* __restrict__ ids, u32 E, u32 S, u32 first, u32 held, const float* __restrict__ add, int has_add, float* __restrict__ out, u32 k, u32 hidden) { WEFT_PDL_ENTRY();
     const u32 per = hidden % 4 == 0 ? 4 : 1;
     const u32 chunks = (hidden + per * blockDim.x - 1) / (per * blockDim.x);
     const i64 t = blockIdx.x / chunks;
     const u32 d = ((blockIdx.x % chunks) * blockDim.x + threadIdx.x) * per;
     if (d >= hidden) return;
-    if (per == 4) {
-        float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (u32 j = 0; j < k; j++)
-            if (local_expert(ids[t * k + j], E, S, first, held) < held + S) {
-                const float w = wts[t * k + j];
-                const float4 v = *(const float4*)(y + (t * k + j) * hidden + d);
-                s = make_float4(s.x + w * v.x, s.y + w * v.y, s.z + w * v.z, s.w + w * v.w);
-            }
-        if (has_add) {
-            const float4 a = *(const float4*)(add + t * hidden + d);
-            s = make_float4(s.x + a.x, s.y + a.y, s.z + a.z, s.w + a.w);
-        }
-        *(float4*)(out + t * hidden + d) = s;
-        return;
-    }
-    float s = 0.f;
-    for (u32 j = 0; j < k; j++)
-        if (local_expert(ids[t * k + j], E, S, first, held) < held + S) s += wts[t * k + j] * y[(t * k + j) * hidden + d];
-    if (has_add) s += add[t * hidden + d];
-    out[t * hidden + d] = s;
+    if (per == 4) combine_dims<4>(y, wts, ids, E, S, first, held, add, has_add, out, k, hidden, t, d);
+    else combine_dims<1>(y, wts, ids, E, S, first, held, add, has_add, out, k, hidden, t, d);
 }
 
 // Prefill-sized MoE through grouped cuBLAS GEMMs (src/moe_grouped.rs). A pair p (a token
