@@ -264,6 +264,26 @@ extern "C" __global__ void moe_down_fp8_mma(const u64* w, const u64* sc, u32 sc_
 #define MMA_SPLIT_FLOATS 8192
 // Row within a 16-row tile of accumulator element i of lane l (m16n8 C fragment).
 __device__ __forceinline__ u32 g_row(u32 l, u32 i) { return l / 4 + 8 * (i >> 1); }
+// One pass of a sub-group of the dense kernels: its tile pair rb times activation rows
+// t0..t0+nt over columns [c_begin, c_end), the sums left in red[sg] ([place][lane]) for the
+// block's reduction, after a block barrier.
+template <int FP8, int NTL>
+__device__ __forceinline__ void mma_pass_to_shared(WeightRef W, const u32 (&rb)[2], u32 cols, u32 c_begin, u32 c_end, const float* xg, u32 xstride, u32 t0, u32 nt, float* red, u32 sg) {
+    constexpr int PER_LANE = 2 * NTL * 4;
+    const u32 lane = threadIdx.x % 32;
+    u32 xr[NTL];
+#pragma unroll
+    for (int j = 0; j < NTL; j++) xr[j] = t0 + j * MMA_TOKENS + lane / 4;
+    float acc[2][NTL][4];
+    mma_rows<FP8, NTL>(W, rb, cols, c_begin, c_end, xg, xstride, xr, nt, acc);
+#pragma unroll
+    for (int q = 0; q < 2; q++)
+#pragma unroll
+        for (int j = 0; j < NTL; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) red[(sg * PER_LANE + (q * NTL + j) * 4 + i) * 32 + lane] = acc[q][j][i];
+    __syncthreads();
+}
 template <int FP8, int NTL, int GATED>
 __device__ void gemv_mma_body(WeightRef W, const float* x, float* out, u32 m, u32 rows, u32 cols, u32 group_rows, u32 xstride) {
     constexpr int CH = FP8 ? 64 : 32;
@@ -278,18 +298,7 @@ __device__ void gemv_mma_body(WeightRef W, const float* x, float* out, u32 m, u3
     u32 rb[2] = {r0, GATED ? rows + r0 : r0 + MMA_ROWS};
     for (u32 t0 = 0; t0 < m; t0 += NTL * MMA_TOKENS) {
         u32 nt = min((u32)(NTL * MMA_TOKENS), m - t0);
-        u32 xr[NTL];
-#pragma unroll
-        for (int j = 0; j < NTL; j++) xr[j] = t0 + j * MMA_TOKENS + lane / 4;
-        float acc[2][NTL][4];
-        mma_rows<FP8, NTL>(W, rb, cols, c_begin, c_end, xg, xstride, xr, nt, acc);
-#pragma unroll
-        for (int q = 0; q < 2; q++)
-#pragma unroll
-            for (int j = 0; j < NTL; j++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) red[(sg * PER_LANE + (q * NTL + j) * 4 + i) * 32 + lane] = acc[q][j][i];
-        __syncthreads();
+        mma_pass_to_shared<FP8, NTL>(W, rb, cols, c_begin, c_end, xg, xstride, t0, nt, red, sg);
         // Each thread finishes some (lane, j, i) places of the tile pair: both tiles' sums.
         for (u32 e = threadIdx.x; e < NTL * 4 * 32; e += blockDim.x) {
             u32 l = e % 32, ji = e / 32, j = ji / 4, i = ji % 4;
@@ -330,3 +339,141 @@ __device__ void gemv_mma_body(WeightRef W, const float* x, float* out, u32 m, u3
 GEMV_MMA_ENTRY(1)
 GEMV_MMA_ENTRY(2)
 GEMV_MMA_ENTRY(4)
+
+// Both tiles' sums s of place (lane l, ji = j·4 + i) to out: the gated product or the two rows.
+template <int GATED>
+__device__ __forceinline__ void gemv_mma_store(float* out, const float (&s)[2], u32 l, u32 ji, u32 nt, u32 t0, u32 rows, u32 r0) {
+    u32 j = ji / 4, i = ji % 4;
+    u32 n = j * MMA_TOKENS + 2 * (l % 4) + (i & 1), r = g_row(l, i);
+    if (n >= nt) return;
+    if (GATED) out[(i64)(t0 + n) * rows + r0 + r] = s[0] / (1.0f + expf(-s[0])) * s[1];
+    else {
+        out[(i64)(t0 + n) * rows + r0 + r] = s[0];
+        out[(i64)(t0 + n) * rows + r0 + MMA_ROWS + r] = s[1];
+    }
+}
+
+// Thread block clusters (sm_90+): the blocks of one cluster split a unit's columns, each
+// reduces its sub-groups' sums, then each finishes a share of the unit's outputs by adding the
+// cluster's partial sums read from the other blocks' shared memory (in rank order).
+#if !defined(WEFT_NO_PTX) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void cluster_sync_all() { asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+// The float at p's offset in the shared memory of cluster block `rank`.
+__device__ __forceinline__ float ld_cluster_f32(const float* p, u32 rank) {
+    u32 a = (u32)__cvta_generic_to_shared(p), r;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
+    return v;
+}
+#define WEFT_HAS_CLUSTER 1
+#elif defined(WEFT_EMU)
+// The CPU emulator runs a cluster's blocks together (kernels/emu/emu.h, emu_launch_clusters).
+__device__ __forceinline__ void cluster_sync_all() { emu_cluster_sync(); }
+__device__ __forceinline__ float ld_cluster_f32(const float* p, u32 rank) { return emu_ld_cluster(p, rank); }
+#define WEFT_HAS_CLUSTER 1
+#else
+__device__ __forceinline__ void cluster_sync_all() {}
+__device__ __forceinline__ float ld_cluster_f32(const float* p, u32) { return *p; }
+#endif
+
+// gemv_mma_body for the 64-row pass of bf16 weights (kept apart so the measured 8–32-row
+// kernels compile as before). A block takes `ub` units: sub-group sg works on unit sg / split
+// (split = blockDim.x / 32 / ub sub-groups a unit) over its share of the columns, so the ub
+// sub-groups of a share read the same activations (L1 hits after the first). red: the block's
+// dynamic reduction buffer, [sub-group][place][lane] (2·NTL·4·32 floats a sub-group); with
+// CL > 1 (blockIdx.y = rank in a cluster of CL blocks along the columns) ub·2·NTL·4·32 more
+// floats after the sub-groups' for the block's partial sums.
+template <int NTL, int GATED, int CL>
+__device__ __forceinline__ void gemv_mma_wide_body(WeightRef W, const float* x, float* out, u32 m, u32 rows, u32 cols, u32 group_rows, u32 xstride, float* red, u32 ub) {
+    constexpr int FP8 = 0, CH = 32;
+    constexpr int PER_LANE = 2 * NTL * 4;
+    constexpr u32 PLACES = NTL * 4 * 32;  // (j, i, lane) places of one tile
+    const u32 split = blockDim.x / 32 / ub, sg = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const u32 unit = sg / split, ks = sg % split;
+    const u32 urows = GATED ? MMA_ROWS : 2 * MMA_ROWS;
+    if (blockIdx.x * ub * urows >= rows) return;  // whole block (and cluster: clusters run along y): the grid is exact
+    const u32 r0 = (blockIdx.x * ub + unit) * urows;
+    const u32 rank = CL > 1 ? blockIdx.y : 0;
+    const u32 chunks = cols / CH, cshare = (chunks + CL - 1) / CL;
+    const u32 cb = min(rank * cshare, chunks), ce = min(cb + cshare, chunks);
+    const u32 share = (ce - cb + split - 1) / split;
+    const u32 c_begin = min(cb + ks * share, ce) * CH, c_end = min(cb + (ks + 1) * share, ce) * CH;
+    const float* xg = GATED ? x : x + (i64)(r0 / group_rows) * cols;
+    u32 rb[2] = {r0, GATED ? rows + r0 : r0 + MMA_ROWS};
+    float* part = red + blockDim.x / 32 * PER_LANE * 32;  // CL > 1: this block's sums, [unit][tile][place]
+    for (u32 t0 = 0; t0 < m; t0 += NTL * MMA_TOKENS) {
+        u32 nt = min((u32)(NTL * MMA_TOKENS), m - t0);
+        mma_pass_to_shared<FP8, NTL>(W, rb, cols, c_begin, c_end, xg, xstride, t0, nt, red, sg);
+        // Each thread finishes some (unit, lane, j, i) places of the tile pairs: both tiles' sums.
+        for (u32 e = threadIdx.x; e < ub * PLACES; e += blockDim.x) {
+            u32 u = e / PLACES, pe = e % PLACES, l = pe % 32, ji = pe / 32;
+            float s[2] = {0.f, 0.f};
+            for (u32 w = u * split; w < (u + 1) * split; w++)
+#pragma unroll
+                for (int q = 0; q < 2; q++) s[q] += red[(w * PER_LANE + q * NTL * 4 + ji) * 32 + l];
+            if (CL > 1) {
+                part[(2 * u) * PLACES + pe] = s[0];
+                part[(2 * u + 1) * PLACES + pe] = s[1];
+            } else {
+                gemv_mma_store<GATED>(out, s, l, ji, nt, t0, rows, (blockIdx.x * ub + u) * urows);
+            }
+        }
+        if (CL > 1) {
+            cluster_sync_all();  // every block's sums written
+            const u32 per = ub * PLACES / CL;
+            for (u32 e = rank * per + threadIdx.x; e < (rank + 1) * per; e += blockDim.x) {
+                u32 u = e / PLACES, pe = e % PLACES;
+                float s[2] = {0.f, 0.f};
+                for (u32 c = 0; c < CL; c++)
+#pragma unroll
+                    for (int q = 0; q < 2; q++) s[q] += ld_cluster_f32(part + (2 * u + q) * PLACES + pe, c);
+                gemv_mma_store<GATED>(out, s, pe % 32, pe / 32, nt, t0, rows, (blockIdx.x * ub + u) * urows);
+            }
+            cluster_sync_all();  // no block leaves (or overwrites its sums) while others read them
+        } else {
+            __syncthreads();
+        }
+    }
+}
+
+// 33–64 activation rows of bf16 weights in one pass (each weight read once; 64 accumulators a
+// lane), `ub` units a block. The reduction buffer is dynamic: 8 KB a sub-group, up to 16
+// sub-groups (the host's MMA_SPLIT_FLOATS_WIDE), plus 8 KB a unit of partial sums in the
+// cluster variants. _c2 / _c4 / _c8 (sm_90+): clusters of 2 / 4 / 8 blocks split each unit's
+// columns, for matrices of too few 32-row units to fill the GPU. fp8 weights keep two passes of
+// 32 (their per-chunk partial sums would double the accumulators).
+#define GEMV_MMA_WIDE(SUFFIX, CL, ATTR)                                                                                  \
+    extern "C" __global__ void ATTR gemv_mma_bf16_n8##SUFFIX(const u16* w, const float* x, float* out, u32 m, u32 rows, u32 cols, u32 group_rows, u32 xstride, u32 ub) { WEFT_PDL_ENTRY(); \
+        WEFT_DYNAMIC_SHARED(float, red);                                                                                 \
+        WeightRef W = {w, 0, 0, 1, 1};                                                                                   \
+        gemv_mma_wide_body<8, 0, CL>(W, x, out, m, rows, cols, group_rows, xstride, red, ub);                              \
+    }                                                                                                                    \
+    extern "C" __global__ void ATTR gemv_gated_mma_bf16_n8##SUFFIX(const u16* w, const float* x, float* out, u32 m, u32 inter, u32 cols, u32 ub) { WEFT_PDL_ENTRY(); \
+        WEFT_DYNAMIC_SHARED(float, red);                                                                                 \
+        WeightRef W = {w, 0, 0, 1, 1};                                                                                   \
+        gemv_mma_wide_body<8, 1, CL>(W, x, out, m, inter, cols, inter, cols, red, ub);                                     \
+    }
+GEMV_MMA_WIDE(, 1, )
+#if defined(WEFT_HAS_CLUSTER)
+GEMV_MMA_WIDE(_c2, 2, __cluster_dims__(1, 2, 1))
+GEMV_MMA_WIDE(_c4, 4, __cluster_dims__(1, 4, 1))
+GEMV_MMA_WIDE(_c8, 8, __cluster_dims__(1, 8, 1))
+#else
+// No clusters (before sm_90, AMD, the emulator): the host never selects these.
+#if defined(WEFT_NO_PTX)
+#define GEMV_WIDE_TRAP() __builtin_trap()
+#else
+#define GEMV_WIDE_TRAP() __trap()
+#endif
+#define GEMV_MMA_WIDE_STUB(NAME) \
+    extern "C" __global__ void NAME(const u16*, const float*, float*, u32, u32, u32, u32, u32, u32) { GEMV_WIDE_TRAP(); }
+#define GEMV_GATED_WIDE_STUB(NAME) \
+    extern "C" __global__ void NAME(const u16*, const float*, float*, u32, u32, u32, u32) { GEMV_WIDE_TRAP(); }
+GEMV_MMA_WIDE_STUB(gemv_mma_bf16_n8_c2)
+GEMV_MMA_WIDE_STUB(gemv_mma_bf16_n8_c4)
+GEMV_GATED_WIDE_STUB(gemv_gated_mma_bf16_n8_c2)
+GEMV_GATED_WIDE_STUB(gemv_gated_mma_bf16_n8_c4)
+GEMV_MMA_WIDE_STUB(gemv_mma_bf16_n8_c8)
+GEMV_GATED_WIDE_STUB(gemv_gated_mma_bf16_n8_c8)
+#endif

@@ -4,7 +4,11 @@
 // shared memory is filled with NaN before each block — so a kernel that reads shared memory it
 // did not write shows NaN here instead of passing by luck on a GPU. Static `__shared__` arrays
 // become function statics (one per kernel, shared by the block's threads, since blocks run one
-// at a time). Sub-group shuffles exchange through a barrier per sub-group of `emu_warp` lanes
+// at a time). Thread block clusters (emu_launch_clusters) run their blocks together, each with
+// its own dynamic shared memory, barriers and sub-groups; a cluster barrier
+// (emu_cluster_sync) spans them and emu_ld_cluster reads another block's shared memory —
+// static `__shared__` arrays would be shared by the cluster's blocks, so cluster kernels use
+// dynamic shared memory only. Sub-group shuffles exchange through a barrier per sub-group of `emu_warp` lanes
 // (64 by default: AMD's wavefront; 32 for NVIDIA's warp), so every lane of a sub-group must
 // reach them, as `__shfl_xor_sync` with a full mask requires on the GPU. A thread that has
 // returned counts as arrived at later barriers. The kernels see WEFT_EMU: no inline PTX; the
@@ -25,8 +29,9 @@
 #define __device__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+#define __cluster_dims__(...)
 #define __shared__ static
-#define WEFT_DYNAMIC_SHARED(T, name) T* name = reinterpret_cast<T*>(emu_smem)
+#define WEFT_DYNAMIC_SHARED(T, name) T* name = reinterpret_cast<T*>(emu_block_smem())
 struct emu_dim3 { unsigned x = 0, y = 0, z = 0; };
 emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
 
@@ -124,8 +129,12 @@ struct EmuBarrier {
         }
     }
 };
-static EmuBarrier emu_block_barrier;
-inline void __syncthreads() { emu_block_barrier.wait(); }
+// Threads per block; fibers are numbered across a cluster's blocks (emu_cur), block by block.
+static unsigned emu_bthreads = 1;
+static std::vector<EmuBarrier> emu_block_barriers;
+static EmuBarrier emu_cluster_barrier;
+inline void __syncthreads() { emu_block_barriers[emu_cur / emu_bthreads].wait(); }
+inline void emu_cluster_sync() { emu_cluster_barrier.wait(); }
 inline float __uint_as_float(unsigned x) { float f; std::memcpy(&f, &x, 4); return f; }
 inline unsigned __float_as_uint(float x) { unsigned u; std::memcpy(&u, &x, 4); return u; }
 inline float __int_as_float(int x) { float f; std::memcpy(&f, &x, 4); return f; }
@@ -155,8 +164,13 @@ inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
 
-// Dynamic shared memory (WEFT_DYNAMIC_SHARED in a kernel points into this array): 256 KB.
-alignas(1024) float emu_smem[1 << 16];
+// Dynamic shared memory (WEFT_DYNAMIC_SHARED in a kernel points into this array): 256 KB a
+// block, for up to EMU_MAX_CLUSTER blocks of a cluster.
+static constexpr unsigned EMU_SMEM_FLOATS = 1 << 16, EMU_MAX_CLUSTER = 8;
+alignas(1024) float emu_smem[EMU_MAX_CLUSTER * EMU_SMEM_FLOATS];
+inline float* emu_block_smem() { return emu_smem + (emu_cur / emu_bthreads) * EMU_SMEM_FLOATS; }
+// The float at p's offset (p in this block's shared memory) in cluster block `rank`'s.
+inline float emu_ld_cluster(const float* p, unsigned rank) { return emu_smem[rank * EMU_SMEM_FLOATS + (p - emu_block_smem())]; }
 
 // Sub-group width and the shuffle exchange: each lane posts its value, the sub-group meets at
 // its barrier, each lane reads its partner's. Two slot sets, used alternately: a lane can only
@@ -166,22 +180,22 @@ static std::vector<float> emu_lanes[2];
 static std::vector<unsigned> emu_lane_turn;
 static std::vector<EmuBarrier> emu_warp_barriers;
 inline float emu_shfl_xor(float v, int o) {
-    unsigned t = threadIdx.x, base = t / emu_warp * emu_warp, src = base + ((t - base) ^ (unsigned)o);
-    std::vector<float>& slots = emu_lanes[emu_lane_turn[t]++ & 1];
-    slots[t] = v;
-    emu_warp_barriers[t / emu_warp].wait();
-    return src < blockDim.x ? slots[src] : v;
+    unsigned t = threadIdx.x, f0 = emu_cur - t, base = t / emu_warp * emu_warp, src = base + ((t - base) ^ (unsigned)o);
+    std::vector<float>& slots = emu_lanes[emu_lane_turn[emu_cur]++ & 1];
+    slots[emu_cur] = v;
+    emu_warp_barriers[emu_cur / emu_warp].wait();
+    return src < blockDim.x ? slots[f0 + src] : v;
 }
 
 // mma.sync m16n8k16 (bf16 inputs, f32 accumulation) of a 32-lane warp (emu_warp must be 32):
 // every lane posts its six fragment registers, the warp meets at its barrier, and each lane
 // computes its four outputs from the posted fragments (layout as in kernels/mma.cu). Shares the
 // shuffles' alternation of slot sets.
-static unsigned emu_frag[2][1024][6];
+static unsigned emu_frag[2][4096][6];
 inline float emu_bf16(unsigned r, int half) { return __uint_as_float(half ? (r & 0xffff0000u) : (r << 16)); }
 inline void emu_mma_bf16_16816(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
     if (emu_warp != 32) { std::fprintf(stderr, "emulated mma.sync needs 32-lane sub-groups\n"); std::abort(); }
-    unsigned t = threadIdx.x, base = t / 32 * 32, lane = t - base, g = lane / 4, q = lane % 4;
+    unsigned t = emu_cur, base = t / 32 * 32, lane = t - base, g = lane / 4, q = lane % 4;
     unsigned (*slots)[6] = emu_frag[emu_lane_turn[t]++ & 1];
     const unsigned mine[6] = {a0, a1, a2, a3, b0, b1};
     std::memcpy(slots[t], mine, sizeof mine);
@@ -218,12 +232,12 @@ inline void emu_wgmma_n128_ss(float (&d)[64], unsigned long long da, unsigned lo
         }
 }
 
-static const void* emu_ldsm_rows[2][1024];
+static const void* emu_ldsm_rows[2][4096];
 // ldmatrix of a 32-lane warp: every lane posts its row address and the warp meets; returns the
 // posted addresses (indexed by thread), with this lane's warp base, g = lane / 4 and q = lane % 4.
 inline const void** emu_ldsm_exchange(const void* row, unsigned& base, unsigned& g, unsigned& q) {
     if (emu_warp != 32) { std::fprintf(stderr, "emulated ldmatrix needs 32-lane sub-groups\n"); std::abort(); }
-    unsigned t = threadIdx.x, lane = t % 32;
+    unsigned t = emu_cur, lane = t % 32;
     base = t - lane;
     g = lane / 4;
     q = lane % 4;
@@ -259,28 +273,39 @@ inline void emu_ldsm_x4(unsigned (&r)[4], const void* row) {
 static void emu_fiber_main() {
     (*emu_body)();
     emu_fibers[emu_cur].done = true;  // then back to the scheduler
-    emu_block_barrier.exited++;
+    emu_block_barriers[emu_cur / emu_bthreads].exited++;
+    emu_cluster_barrier.exited++;
     emu_warp_barriers[emu_cur / emu_warp].exited++;
 }
 
-template <class F> void emu_launch(unsigned gx, unsigned gy, unsigned gz, unsigned threads, F kernel) {
+// A grid of clusters of `cl` blocks along y (gy a multiple of cl), cluster after cluster.
+template <class F> void emu_launch_clusters(unsigned gx, unsigned gy, unsigned gz, unsigned threads, unsigned cl, F kernel) {
+    if (cl < 1 || cl > EMU_MAX_CLUSTER || gy % cl != 0 || (cl > 1 && threads % emu_warp != 0) || cl * threads > 4096) {
+        std::fprintf(stderr, "emulated clusters: %u blocks of %u threads along %u\n", cl, threads, gy);
+        std::abort();
+    }
     gridDim = {gx, gy, gz};
     blockDim = {threads, 1, 1};
+    emu_bthreads = threads;
+    const unsigned fibers = cl * threads, wpb = (threads + emu_warp - 1) / emu_warp;
     const std::function<void()> body = kernel;
     emu_body = &body;
-    if (emu_fibers.size() < threads) emu_fibers.resize(threads);
-    emu_lanes[0].assign(threads, 0.f);
-    emu_lanes[1].assign(threads, 0.f);
-    emu_warp_barriers.assign((threads + emu_warp - 1) / emu_warp, EmuBarrier{});
+    if (emu_fibers.size() < fibers) emu_fibers.resize(fibers);
+    emu_lanes[0].assign(fibers, 0.f);
+    emu_lanes[1].assign(fibers, 0.f);
+    emu_warp_barriers.assign(cl * wpb, EmuBarrier{});
+    emu_block_barriers.assign(cl, EmuBarrier{});
     for (unsigned bz = 0; bz < gz; bz++)
-        for (unsigned by = 0; by < gy; by++)
+        for (unsigned by = 0; by < gy; by += cl)
             for (unsigned bx = 0; bx < gx; bx++) {
-                blockIdx = {bx, by, bz};
-                for (unsigned w = 0; w < emu_warp_barriers.size(); w++) emu_warp_barriers[w] = EmuBarrier{std::min(emu_warp, threads - w * emu_warp)};
-                emu_block_barrier = EmuBarrier{threads};
-                std::fill(std::begin(emu_smem), std::end(emu_smem), NAN);
-                emu_lane_turn.assign(threads, 0);
-                for (unsigned t = 0; t < threads; t++) {
+                for (unsigned b = 0; b < cl; b++) {
+                    for (unsigned w = 0; w < wpb; w++) emu_warp_barriers[b * wpb + w] = EmuBarrier{std::min(emu_warp, threads - w * emu_warp)};
+                    emu_block_barriers[b] = EmuBarrier{threads};
+                }
+                emu_cluster_barrier = EmuBarrier{fibers};
+                std::fill(emu_smem, emu_smem + cl * EMU_SMEM_FLOATS, NAN);
+                emu_lane_turn.assign(fibers, 0);
+                for (unsigned t = 0; t < fibers; t++) {
                     EmuFiber& f = emu_fibers[t];
                     if (!f.stack) f.stack.reset(new char[EMU_STACK]);
                     f.done = false;
@@ -289,15 +314,16 @@ template <class F> void emu_launch(unsigned gx, unsigned gy, unsigned gz, unsign
                 // Round robin until every fiber has returned; a fiber runs until it waits.
                 for (bool left = true; left;) {
                     left = false;
-                    for (unsigned t = 0; t < threads; t++) {
+                    for (unsigned t = 0; t < fibers; t++) {
                         if (emu_fibers[t].done) continue;
                         emu_cur = t;
-                        threadIdx = {t, 0, 0};
+                        threadIdx = {t % threads, 0, 0};
+                        blockIdx = {bx, by + t / threads, bz};
                         emu_resume(t);
                         left |= !emu_fibers[t].done;
                     }
                 }
             }
 }
-
+template <class F> void emu_launch(unsigned gx, unsigned gy, unsigned gz, unsigned threads, F kernel) { emu_launch_clusters(gx, gy, gz, threads, 1, kernel); }
 template <class F> void emu_launch(unsigned gx, unsigned gy, unsigned threads, F kernel) { emu_launch(gx, gy, 1, threads, kernel); }

@@ -21,18 +21,37 @@ pub const MMA_MAX_M: usize = 64;
 /// Most activation rows the tensor-core kernels take by default, for [bf16, fp8] weights. Past
 /// 32 rows a bf16 matrix goes to cuBLAS: there each activation is re-read by every 32-row block
 /// and the weights once per 32-row pass, and at 64 rows cuBLAS's two bf16 passes (plus the
-/// split cast) take 15–29 µs where these take 20–45 µs per Moonlight projection; the step at
-/// batch 64 went 21.4 → 19.5 ms (results/roofline-h200.md, round 7). fp8 weights keep them up to
-/// 64: cuBLAS would first write a bf16 copy (batch-64 Kimi slice 30.7 → 32.7 ms when moved).
+/// split cast) take 15–29 µs where these took 20–45 µs per Moonlight projection; the step at
+/// batch 64 went 21.4 → 19.5 ms (results/roofline-h200.md, round 7). Since then 33–64 rows of
+/// bf16 take one pass (`gemv_mma_bf16_n8`, optionally over clusters: `mma_launch`), not yet
+/// measured against cuBLAS, so the bound stays at 32 (`WEFT_CUDA_MMA_MAX_M=64` for the A/B,
+/// scripts/gpu/round17.sh). fp8 weights keep them up to 64: cuBLAS would first write a bf16
+/// copy (batch-64 Kimi slice 30.7 → 32.7 ms when moved).
 pub const MMA_DEFAULT_MAX_M: [usize; 2] = [32, MMA_MAX_M];
 /// Floats of the dense tensor-core kernels' shared reduction buffer (`MMA_SPLIT_FLOATS`): a
 /// sub-group's partial sums take 256 per 8 activation rows of a pass.
 const MMA_SPLIT_FLOATS: usize = 8192;
+/// The same for the 64-row pass (`gemv_mma_bf16_n8`), whose buffer is dynamic: 16 sub-groups
+/// of 2048 floats (128 KB).
+const MMA_SPLIT_FLOATS_WIDE: usize = 32768;
+/// Index of the 64-row pass in the kernel tables (bf16 weights only).
+const WIDE: usize = 3;
 /// Weight rows per sub-group in the dense tensor-core kernels (two 16-row tiles).
 const MMA_UNIT: usize = 32;
-/// Tensor-core kernels by [bf16, fp8][8, 16, 32 activation rows per pass].
-const GEMV_MMA: [[&str; 3]; 2] = [["gemv_mma_bf16_n1", "gemv_mma_bf16_n2", "gemv_mma_bf16_n4"], ["gemv_mma_fp8_n1", "gemv_mma_fp8_n2", "gemv_mma_fp8_n4"]];
-const GEMV_GATED_MMA: [[&str; 3]; 2] = [["gemv_gated_mma_bf16_n1", "gemv_gated_mma_bf16_n2", "gemv_gated_mma_bf16_n4"], ["gemv_gated_mma_fp8_n1", "gemv_gated_mma_fp8_n2", "gemv_gated_mma_fp8_n4"]];
+/// The 64-row pass by cluster size 1, 2, 4, 8 (plain, gated).
+pub(crate) const GEMV_MMA_WIDE: [[&str; 2]; 4] = [
+    ["gemv_mma_bf16_n8", "gemv_gated_mma_bf16_n8"],
+    ["gemv_mma_bf16_n8_c2", "gemv_gated_mma_bf16_n8_c2"],
+    ["gemv_mma_bf16_n8_c4", "gemv_gated_mma_bf16_n8_c4"],
+    ["gemv_mma_bf16_n8_c8", "gemv_gated_mma_bf16_n8_c8"],
+];
+/// Tensor-core kernels by [bf16, fp8][8, 16, 32, 64 activation rows per pass] (fp8 stops at
+/// 32: its 33–64 rows take two passes).
+const GEMV_MMA: [[&str; 4]; 2] = [["gemv_mma_bf16_n1", "gemv_mma_bf16_n2", "gemv_mma_bf16_n4", "gemv_mma_bf16_n8"], ["gemv_mma_fp8_n1", "gemv_mma_fp8_n2", "gemv_mma_fp8_n4", "gemv_mma_fp8_n4"]];
+const GEMV_GATED_MMA: [[&str; 4]; 2] = [
+    ["gemv_gated_mma_bf16_n1", "gemv_gated_mma_bf16_n2", "gemv_gated_mma_bf16_n4", "gemv_gated_mma_bf16_n8"],
+    ["gemv_gated_mma_fp8_n1", "gemv_gated_mma_fp8_n2", "gemv_gated_mma_fp8_n4", "gemv_gated_mma_fp8_n4"],
+];
 
 /// The kernel arguments a weight contributes: its bf16 data, or its fp8 bytes, scales and
 /// scale grid (columns, block rows, block columns).
@@ -59,8 +78,9 @@ impl<'a> WeightArgs<'a> {
 /// taking at least two column chunks (one loop trip), at most what the shared reduction buffer
 /// holds for `m` rows (32, 16 or 8 sub-groups) and what the kernel's registers allow in one
 /// block (`max_threads`).
-pub(crate) fn mma_split(units: usize, chunks: usize, m: usize, num_sms: usize, max_threads: usize) -> usize {
-    let max = (MMA_SPLIT_FLOATS / (256 << mma_variant(m))).min(max_threads / 32);
+pub(crate) fn mma_split(units: usize, chunks: usize, variant: usize, num_sms: usize, max_threads: usize) -> usize {
+    let floats = if variant == WIDE { MMA_SPLIT_FLOATS_WIDE } else { MMA_SPLIT_FLOATS };
+    let max = (floats / (256 << variant)).min(max_threads / 32);
     let mut split = 1;
     while 2 * split <= max && units * split < 16 * num_sms && chunks >= 4 * split {
         split *= 2;
@@ -68,12 +88,25 @@ pub(crate) fn mma_split(units: usize, chunks: usize, m: usize, num_sms: usize, m
     split
 }
 
-/// Index of the tensor-core kernel variant for `m` rows: passes of 8, 16 or 32.
-fn mma_variant(m: usize) -> usize {
+/// Blocks per cluster (1, 2, 4 or 8, at most `max`) splitting the columns of a 64-row pass over
+/// `units` 32-row units of `chunks` column chunks: doubled while the blocks still fit the SMs
+/// once each and every block keeps at least four chunks.
+fn mma_cluster_size(units: usize, chunks: usize, num_sms: usize, max: usize) -> usize {
+    let mut cl = 1;
+    while 2 * cl <= max && units * 2 * cl <= num_sms && chunks >= 8 * cl {
+        cl *= 2;
+    }
+    cl
+}
+
+/// Index of the tensor-core kernel variant for `m` rows: passes of 8, 16, 32 or (bf16) 64.
+fn mma_variant(m: usize, fp8: bool) -> usize {
     match m {
         0..=8 => 0,
         9..=16 => 1,
-        _ => 2,
+        17..=32 => 2,
+        _ if fp8 => 2,
+        _ => WIDE,
     }
 }
 /// Kernels by [rows per sub-group 1/2/4][activation rows per pass 1 / GEMV_TB].
@@ -203,24 +236,28 @@ impl CudaBackend {
 
     /// Whether `w`, rows in groups of `group_rows`, goes through the tensor-core kernels for
     /// `m` activation rows: whole 16-byte-per-lane chunks along each row (32 bf16 or 64 fp8
-    /// columns), whole 32-row units inside one group, one fp8 scale per 16-row tile and chunk.
+    /// columns), whole 32-row units inside one group, one fp8 scale per 16-row tile and chunk;
+    /// past 32 rows of bf16 weights, at most `mma_wide_max_units` units.
     pub(crate) fn gemv_mma_fits(&self, w: &CudaMatrix, m: usize, group_rows: usize) -> bool {
         if !self.mma || self.slow_paths || !(self.mma_min_m..=self.mma_max_m[w.fp8.is_some() as usize]).contains(&m) || w.f32_data.is_some() {
             return false;
         }
-        mma_takes(w) && w.rows % MMA_UNIT == 0 && group_rows % MMA_UNIT == 0
+        let wide = m > 32 && w.fp8.is_none();
+        mma_takes(w) && w.rows % MMA_UNIT == 0 && group_rows % MMA_UNIT == 0 && (!wide || w.rows / MMA_UNIT <= self.mma_wide_max_units)
     }
 
     /// `gemv` on tensor cores (`gemv_mma_fits`).
     pub(crate) fn gemv_mma(&self, w: &CudaMatrix, x: &CudaSlice<f32>, m: usize, groups: usize) -> Result<CudaSlice<f32>> {
         let mut out = self.out(m * w.rows)?;
-        let name = GEMV_MMA[w.fp8.is_some() as usize][mma_variant(m)];
-        let (f, cfg) = (self.func(name), self.mma_launch(name, w.rows / MMA_UNIT, w, m));
+        let (name, cfg, ub) = self.mma_launch(GEMV_MMA[w.fp8.is_some() as usize][mma_variant(m, w.fp8.is_some())], w.rows / MMA_UNIT, w, m, false);
         let (m32, rows, cols, grp, xs) = (m as u32, w.rows as u32, w.cols as u32, (w.rows / groups) as u32, (groups * w.cols) as u32);
         let wa = WeightArgs::new(w);
-        let mut l = self.stream.launch_builder(f);
+        let mut l = self.stream.launch_builder(self.func(name));
         wa.push(&mut l);
         l.arg(x).arg(&mut out).arg(&m32).arg(&rows).arg(&cols).arg(&grp).arg(&xs);
+        if let Some(ub) = &ub {
+            l.arg(ub);
+        }
         unsafe { l.launch(cfg) }.map_err(dev)?;
         Ok(out)
     }
@@ -228,21 +265,41 @@ impl CudaBackend {
     /// `gemv_gated` on tensor cores (`gemv_mma_fits` of the stacked weight as one group).
     pub(crate) fn gemv_gated_mma(&self, w: &CudaMatrix, x: &CudaSlice<f32>, m: usize, inter: usize) -> Result<CudaSlice<f32>> {
         let mut out = self.out(m * inter)?;
-        let name = GEMV_GATED_MMA[w.fp8.is_some() as usize][mma_variant(m)];
-        let (f, cfg) = (self.func(name), self.mma_launch(name, inter / 16, w, m));
+        let (name, cfg, ub) = self.mma_launch(GEMV_GATED_MMA[w.fp8.is_some() as usize][mma_variant(m, w.fp8.is_some())], inter / 16, w, m, true);
         let (m32, i32_, cols) = (m as u32, inter as u32, w.cols as u32);
         let wa = WeightArgs::new(w);
-        let mut l = self.stream.launch_builder(f);
+        let mut l = self.stream.launch_builder(self.func(name));
         wa.push(&mut l);
         l.arg(x).arg(&mut out).arg(&m32).arg(&i32_).arg(&cols);
+        if let Some(ub) = &ub {
+            l.arg(ub);
+        }
         unsafe { l.launch(cfg) }.map_err(dev)?;
         Ok(out)
     }
 
     /// A block per unit (two 16-row tiles), split over `mma_split` sub-groups along the columns.
-    fn mma_launch(&self, kernel: &'static str, units: usize, w: &CudaMatrix, m: usize) -> LaunchConfig {
-        let split = mma_split(units, w.cols / mma_chunk_cols(w), m, self.num_sms, self.max_threads[kernel]);
-        LaunchConfig { grid_dim: (units as u32, 1, 1), block_dim: (32 * split as u32, 1, 1), shared_mem_bytes: 0 }
+    /// The 64-row pass takes `ub` units a block (`mma_wide_ub`, where it divides the units;
+    /// returned as the kernel's last argument) and, over fewer blocks than SMs, also splits the
+    /// columns over a cluster of blocks (`mma_cluster_size`). The kernel to launch (`kernel`,
+    /// or its cluster variant) and how.
+    fn mma_launch(&self, kernel: &'static str, units: usize, w: &CudaMatrix, m: usize, gated: bool) -> (&'static str, LaunchConfig, Option<u32>) {
+        let variant = mma_variant(m, w.fp8.is_some());
+        let chunks = w.cols / mma_chunk_cols(w);
+        if variant != WIDE {
+            let split = mma_split(units, chunks, variant, self.num_sms, self.max_threads[kernel]);
+            return (kernel, LaunchConfig { grid_dim: (units as u32, 1, 1), block_dim: (32 * split as u32, 1, 1), shared_mem_bytes: 0 }, None);
+        }
+        let mut ub = 1 << self.mma_wide_ub.clamp(1, 4).ilog2();
+        while units % ub != 0 {
+            ub /= 2;
+        }
+        let cl = mma_cluster_size(units / ub, chunks, self.num_sms, self.mma_cluster);
+        let kernel = GEMV_MMA_WIDE[cl.trailing_zeros() as usize][gated as usize];
+        let split = mma_split(units * cl, chunks.div_ceil(cl), WIDE, self.num_sms, self.max_threads[kernel] / ub).min(MMA_SPLIT_FLOATS_WIDE / (256 << WIDE) / ub);
+        let smem = (ub * split + if cl > 1 { ub } else { 0 }) * (256 << WIDE) * 4;
+        let cfg = LaunchConfig { grid_dim: ((units / ub) as u32, cl as u32, 1), block_dim: (32 * (ub * split) as u32, 1, 1), shared_mem_bytes: smem as u32 };
+        (kernel, cfg, Some(ub as u32))
     }
 
     /// A bf16 copy of an fp8 weight (scratch for the cuBLAS path).
@@ -283,17 +340,36 @@ mod tests {
     fn mma_split_bounds() {
         for units in [1usize, 16, 64, 88, 176, 704, 5120] {
             for chunks in [1usize, 2, 4, 16, 64, 112, 224] {
-                for m in [2usize, 8, 9, 16, 17, 64] {
-                    let s = mma_split(units, chunks, m, 132, 1024);
-                    assert!(mma_split(units, chunks, m, 132, 384) <= 8);
-                    assert!(s.is_power_of_two() && s * (256 << mma_variant(m)) <= MMA_SPLIT_FLOATS, "{units} {chunks} {m}: {s}");
-                    assert!(s == 1 || chunks >= 2 * s, "{units} {chunks} {m}: {s}");
+                for m in [2usize, 8, 9, 16, 17, 33, 64] {
+                    for fp8 in [false, true] {
+                        let v = mma_variant(m, fp8);
+                        let floats = if v == WIDE { MMA_SPLIT_FLOATS_WIDE } else { MMA_SPLIT_FLOATS };
+                        let s = mma_split(units, chunks, v, 132, 1024);
+                        assert!(mma_split(units, chunks, v, 132, 384) <= 8);
+                        assert!(s.is_power_of_two() && s * (256 << v) <= floats, "{units} {chunks} {m}: {s}");
+                        assert!(s == 1 || chunks >= 2 * s, "{units} {chunks} {m}: {s}");
+                        assert!(GEMV_MMA[fp8 as usize][v].contains(["n1", "n2", "n4", "n8"][v]) || (fp8 && v == WIDE));
+                    }
                 }
             }
         }
-        assert_eq!(mma_split(64, 64, 8, 132, 1024), 32); // o_proj 2048x2048 bf16, decode batch 8
-        assert_eq!(mma_split(64, 64, 8, 132, 512), 16); // registers for 512 threads only
-        assert_eq!(mma_split(64, 64, 64, 132, 1024), 8);
-        assert_eq!(mma_split(5120, 64, 8, 132, 1024), 1); // lm_head 163840 rows
+        assert_eq!(mma_split(64, 64, 0, 132, 1024), 32); // o_proj 2048x2048 bf16, decode batch 8
+        assert_eq!(mma_split(64, 64, 0, 132, 512), 16); // registers for 512 threads only
+        assert_eq!(mma_split(64, 64, 2, 132, 1024), 8); // 32 rows a pass
+        assert_eq!(mma_split(64, 64, WIDE, 132, 1024), 16); // 64 rows: the dynamic buffer
+        assert_eq!(mma_split(5120, 64, 0, 132, 1024), 1); // lm_head 163840 rows
+
+        // Clusters: o_proj (64 units, 64 chunks) over pairs, kv_a (18 units) over four, the
+        // 128-column W_UK (4 chunks) and lm_head over none.
+        assert_eq!(mma_cluster_size(64, 64, 132, 4), 2);
+        assert_eq!(mma_cluster_size(18, 64, 132, 4), 4);
+        assert_eq!(mma_cluster_size(18, 64, 132, 1), 1);
+        assert_eq!(mma_cluster_size(256, 4, 132, 4), 1);
+        assert_eq!(mma_cluster_size(64, 8, 132, 4), 2); // four chunks a block
+        assert_eq!(mma_cluster_size(64, 7, 132, 4), 1);
+        assert_eq!(mma_cluster_size(5120, 64, 132, 4), 1);
+        // o_proj four units a block (16 blocks): clusters of eight where allowed
+        assert_eq!(mma_cluster_size(16, 64, 132, 8), 8);
+        assert_eq!(mma_cluster_size(16, 64, 132, 4), 4);
     }
 }

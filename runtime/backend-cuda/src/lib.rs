@@ -171,12 +171,20 @@ pub const KERNELS: &[&str] = &[
     "gemv_mma_bf16_n1",
     "gemv_mma_bf16_n2",
     "gemv_mma_bf16_n4",
+    "gemv_mma_bf16_n8",
+    "gemv_mma_bf16_n8_c2",
+    "gemv_mma_bf16_n8_c4",
+    "gemv_mma_bf16_n8_c8",
     "gemv_mma_fp8_n1",
     "gemv_mma_fp8_n2",
     "gemv_mma_fp8_n4",
     "gemv_gated_mma_bf16_n1",
     "gemv_gated_mma_bf16_n2",
     "gemv_gated_mma_bf16_n4",
+    "gemv_gated_mma_bf16_n8",
+    "gemv_gated_mma_bf16_n8_c2",
+    "gemv_gated_mma_bf16_n8_c4",
+    "gemv_gated_mma_bf16_n8_c8",
     "gemv_gated_mma_fp8_n1",
     "gemv_gated_mma_fp8_n2",
     "gemv_gated_mma_fp8_n4",
@@ -332,6 +340,19 @@ pub struct CudaBackend {
     /// (`gemv::MMA_DEFAULT_MAX_M`: 32 / 64; `WEFT_CUDA_MMA_MAX_M` / `WEFT_CUDA_MMA_MAX_M_FP8`
     /// move them, up to 64, for measurements).
     pub mma_max_m: [usize; 2],
+    /// Largest thread block cluster (1, 2, 4 or 8 blocks) that splits the columns of a 64-row
+    /// tensor-core pass over too few 32-row units to fill the GPU (`gemv_mma_bf16_n8_c*`;
+    /// sm_90 and later: 4, else 1; `WEFT_CUDA_MMA_CLUSTER`).
+    pub mma_cluster: usize,
+    /// Most 32-row units (weight rows / 32) a bf16 matrix may have for the 64-row pass: it reads
+    /// the activations once per unit (four times the weights' bytes, from L2), which pays where
+    /// cuBLAS is bound by latency (the attention and shared-expert projections, not lm_head's
+    /// 5,120 units). Default two per SM; `WEFT_CUDA_MMA_WIDE_MAX_UNITS`.
+    pub mma_wide_max_units: usize,
+    /// Units a block of the 64-row pass takes (1, 2 or 4; `WEFT_CUDA_MMA_WIDE_UB`, default 1):
+    /// its sub-groups over one share of the columns read the same activations, so more units a
+    /// block means fewer activation reads from L2 but fewer, larger blocks.
+    pub mma_wide_ub: usize,
     /// cuBLAS GEMMs take f32 activations as two bf16 parts in two passes (default), so a row's
     /// result does not depend on which kernel its batch size picked, to f32-accumulation
     /// distance: greedy speculative decoding then matches plain decoding. Prompt rows of long
@@ -578,6 +599,7 @@ impl CudaBackend {
         ]
         .into_iter()
         .chain(mla::MMG_KERNELS.iter().map(|k| k.name))
+        .chain(gemv::GEMV_MMA_WIDE.iter().flatten().copied())
         {
             funcs[k].set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_optin as i32).map_err(dev)?;
         }
@@ -632,6 +654,13 @@ impl CudaBackend {
                 let var = ["WEFT_CUDA_MMA_MAX_M", "WEFT_CUDA_MMA_MAX_M_FP8"][i];
                 std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(gemv::MMA_DEFAULT_MAX_M[i]).min(gemv::MMA_MAX_M)
             }),
+            mma_cluster: if arch.strip_prefix("sm_").and_then(|v| v.trim_end_matches('a').parse::<u32>().ok()).is_some_and(|v| v >= 90) {
+                std::env::var("WEFT_CUDA_MMA_CLUSTER").ok().and_then(|v| v.parse().ok()).unwrap_or(4).clamp(1, 8)
+            } else {
+                1
+            },
+            mma_wide_max_units: std::env::var("WEFT_CUDA_MMA_WIDE_MAX_UNITS").ok().and_then(|v| v.parse().ok()).unwrap_or(2 * num_sms),
+            mma_wide_ub: std::env::var("WEFT_CUDA_MMA_WIDE_UB").ok().and_then(|v| v.parse().ok()).unwrap_or(1).clamp(1, 4),
             #[cfg(feature = "cuda")]
             arena,
             gemm_split: std::env::var("WEFT_CUDA_GEMM_SPLIT").map_or(true, |v| v != "0"),

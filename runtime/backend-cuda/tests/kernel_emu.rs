@@ -50,6 +50,13 @@ fn prefill_flash_attention_on_the_cpu_emulator() {
     run_emulated("flash_test");
 }
 
+/// The 64-row pass of the dense tensor-core linears (kernels/mma.cu), alone and over thread
+/// block clusters (emulated) that split each unit's columns, against a float64 reference.
+#[test]
+fn decode_batch_linears_on_the_cpu_emulator() {
+    run_emulated("gemv_test");
+}
+
 #[test]
 fn sampling_front_end_on_the_cpu_emulator() {
     run_emulated("front_test");

@@ -73,18 +73,30 @@ fn dense_ops_match_cpu() {
         let forty = if mma { MMA_TOL } else { FP8_COPY_TOL };
         decode_sized_linears(&g, &c, &mut r, &gate, few, forty, mma);
     }
-    // Past 32 rows bf16 weights go to cuBLAS by default; the tensor-core kernels' two-pass case
-    // (33–64 rows) stays covered with the bound raised.
+    // 33–64 rows on the tensor-core kernels (bf16: one 64-row pass, `gemv_mma_bf16_n8`; fp8:
+    // two 32-row passes), whatever the default bound: plain (q_proj: 96 units, no cluster on
+    // 132 SMs; kv_a: 18 units, clusters of 4), per-head (W_UV: 64 units, clusters of 2 on sm_90+)
+    // and gated, a partial last 8-row tile at 40 and 57 rows.
     let bounds = g.mma_max_m;
     g.mma_max_m = [64, 64];
-    for mm in [40usize, 64] {
-        let wm = bf16_matrix(&mut r, 3072, 2048, 0.05);
+    for mm in [40usize, 57, 64] {
         let xin = r.vec(mm * 2048, 1.0);
-        let got = g.download(&g.linear(&g.upload(&xin).unwrap(), &g.upload_matrix(&wm).unwrap()).unwrap()).unwrap();
-        check(&format!("gemv bf16 m={mm} two tensor-core passes"), &got, &c.linear(&xin, &c.upload_matrix(&wm).unwrap()).unwrap(), MMA_TOL);
+        for rows in [3072, 576] {
+            let wm = bf16_matrix(&mut r, rows, 2048, 0.05);
+            let got = g.download(&g.linear(&g.upload(&xin).unwrap(), &g.upload_matrix(&wm).unwrap()).unwrap()).unwrap();
+            check(&format!("gemv bf16 {rows} rows m={mm} 64-row pass"), &got, &c.linear(&xin, &c.upload_matrix(&wm).unwrap()).unwrap(), MMA_TOL);
+        }
         let wm = bf16_matrix(&mut r, 2 * 1408, 2048, 0.05);
         let got = g.download(&g.gated_up(&g.upload(&xin).unwrap(), &g.upload_matrix(&wm).unwrap(), 1408).unwrap()).unwrap();
-        check(&format!("gated_up bf16 m={mm} two tensor-core passes"), &got, &c.gated_up(&xin, &c.upload_matrix(&wm).unwrap(), 1408).unwrap(), MMA_TOL);
+        check(&format!("gated_up bf16 m={mm} 64-row pass"), &got, &c.gated_up(&xin, &c.upload_matrix(&wm).unwrap(), 1408).unwrap(), MMA_TOL);
+        let wm = bf16_matrix(&mut r, 16 * 128, 512, 0.05);
+        let xin = r.vec(mm * 16 * 512, 1.0);
+        let got = g.download(&g.head_linear(&g.upload(&xin).unwrap(), 16, &g.upload_matrix(&wm).unwrap()).unwrap()).unwrap();
+        check(&format!("head_linear uv m={mm} 64-row pass"), &got, &c.head_linear(&xin, 16, &c.upload_matrix(&wm).unwrap()).unwrap(), MMA_TOL);
+        let wm = fp8_matrix(&mut r, 1536 + 64, 7168);
+        let xin = r.vec(mm * 7168, 1.0);
+        let got = g.download(&g.linear(&g.upload(&xin).unwrap(), &g.upload_matrix(&wm).unwrap()).unwrap()).unwrap();
+        check(&format!("linear fp8 m={mm} two 32-row passes"), &got, &c.linear(&xin, &c.upload_matrix(&wm).unwrap()).unwrap(), MMA_TOL);
     }
     g.mma_max_m = bounds;
     let gu = r.vec(m * 2 * 1408, 4.0);
