@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p .device
 cargo build --release -p weft --bin weft
-cargo build --release -p weft-cuda --example gpu_bench --example roofline --example mla_bench
+cargo build --release -p weft-cuda --example gpu_bench --example roofline --example mla_bench --example linear_bench
 for t in kernels kernels_moe step_graphs tensor_parallel; do
     test_bin=$(cargo test -p weft-cuda --test $t --no-run --message-format=json 2>/dev/null | T=$t python3 -c '
 import json, os, sys
@@ -17,6 +17,6 @@ for line in sys.stdin:
         print(m["executable"])')
     cp "$test_bin" .device/cuda-$t-test
 done
-cp target/release/weft target/release/examples/gpu_bench target/release/examples/roofline target/release/examples/mla_bench .device/
-strip .device/cuda-*-test .device/weft .device/gpu_bench .device/roofline .device/mla_bench
+cp target/release/weft target/release/examples/gpu_bench target/release/examples/roofline target/release/examples/mla_bench target/release/examples/linear_bench .device/
+strip .device/cuda-*-test .device/weft .device/gpu_bench .device/roofline .device/mla_bench .device/linear_bench
 du -sh .device

@@ -6,13 +6,14 @@
 # WEFT_CUDA_MMA_WIDE_MAX_UNITS shape it) against cuBLAS's stacked two-part GEMMs.
 # PART (space-separated, in order): tests — KTESTS (cuda-kernels-test filters), MTESTS
 # (cuda-kernels_moe-test), GRAPHS=1 (cuda-step_graphs-test), each under every TEST_SETTINGS
-# (';'-separated, space-separated VAR=value, "-" for the defaults); ncu — per-launch Nsight
+# (';'-separated, space-separated VAR=value, "-" for the defaults); bench — .device/linear_bench
+# (every projection alone on every path, --rows BENCH_ROWS, default 48,64); ncu — per-launch Nsight
 # Compute times of batch-NCU_BATCH decode steps ($OUT/ncuN.csv.gz, with grid and block sizes)
 # and the per-kernel table, for each of NCU_RUNS (as TEST_SETTINGS, plus bin=PATH for another
 # roofline binary). Step times side by side: scripts/gpu/round16.sh's PART=ab.
 # Output: $OUT/round17.md.
 # The measurement this round was built for (one call, ~8 device minutes):
-#   export OUT; PART="tests ncu" KTESTS=dense_ops_match_cpu GRAPHS=1 \
+#   export OUT; PART="tests bench ncu" KTESTS=dense_ops_match_cpu GRAPHS=1 \
 #     TEST_SETTINGS="-;WEFT_CUDA_MMA_MAX_M=64;WEFT_CUDA_MMA_MAX_M=64 WEFT_CUDA_MMA_CLUSTER=8 WEFT_CUDA_MMA_WIDE_UB=4" \
 #     NCU_RUNS="-;WEFT_CUDA_MMA_MAX_M=64" bash scripts/gpu/round17.sh
 #   PART=ab BATCH=48,64 PREFILL=1024 ROUNDS=2 SETTINGS="bin=.device/old/roofline;-;WEFT_CUDA_MMA_MAX_M=64 WEFT_CUDA_MMA_CLUSTER=1;WEFT_CUDA_MMA_MAX_M=64;WEFT_CUDA_MMA_MAX_M=64 WEFT_CUDA_MMA_WIDE_UB=2;WEFT_CUDA_MMA_MAX_M=64 WEFT_CUDA_MMA_WIDE_UB=4 WEFT_CUDA_MMA_CLUSTER=8" \
@@ -23,7 +24,7 @@ export WEFT_DEMO_MODEL=$PWD/models/demo
 MOON=${MOON:-models/dummy/moonlight-16b-a3b}
 R="$OUT/round17.md"; touch "$R"
 nvidia-smi --query-gpu=name --format=csv,noheader | tee -a "$R"
-for P in ${PART:-tests ncu}; do
+for P in ${PART:-tests bench ncu}; do
 if [ "$P" = tests ]; then
   IFS=';' read -r -a tsets <<< "${TEST_SETTINGS:--}"
   for s in "${tsets[@]}"; do
@@ -41,6 +42,10 @@ if [ "$P" = tests ]; then
       env "${env_args[@]}" timeout 100 .device/cuda-step_graphs-test 2>&1 | grep -E "^test |test result|panicked" | tee -a "$R"
     fi
   done
+fi
+if [ "$P" = bench ]; then
+  echo "== linear_bench --rows ${BENCH_ROWS:-48,64} --big" | tee -a "$R"
+  timeout 300 .device/linear_bench --rows ${BENCH_ROWS:-48,64} --reps 64 --big 2>&1 | grep -E "^\||GPU|panicked|rror" | tee -a "$R"
 fi
 if [ "$P" = ncu ]; then
   # NCU_RUNS: ';'-separated runs, each space-separated VAR=value settings and bin=PATH ("-": defaults).
