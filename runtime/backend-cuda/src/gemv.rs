@@ -99,6 +99,45 @@ fn mma_cluster_size(units: usize, chunks: usize, num_sms: usize, max: usize) -> 
     cl
 }
 
+/// The largest cluster (a power of two, at most `max`) of the 64-row pass the device can
+/// schedule with that pass's largest blocks (`cuOccupancyMaxActiveClusters` > 0: a cluster's
+/// blocks must fit one GPC at once), so a launch never asks for one it cannot run; 1 when none
+/// fits or the query fails.
+#[cfg(feature = "cuda")]
+pub(crate) fn schedulable_cluster(
+    funcs: &std::collections::HashMap<&'static str, cudarc::driver::CudaFunction>,
+    max_threads: &std::collections::HashMap<&'static str, usize>,
+    smem_optin: usize,
+    max: usize,
+) -> usize {
+    use cudarc::driver::sys;
+    let mut cl = 1usize << max.clamp(1, 8).ilog2();
+    while cl > 1 {
+        let name = GEMV_MMA_WIDE[cl.trailing_zeros() as usize][0];
+        let warps = 1usize << (max_threads[name] / 32).clamp(1, MMA_SPLIT_FLOATS_WIDE / (256 << WIDE)).ilog2();
+        let smem = ((warps + 4) * (256 << WIDE) * 4).min(smem_optin);
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: 1,
+            gridDimY: cl as u32,
+            gridDimZ: 1,
+            blockDimX: 32 * warps as u32,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem as u32,
+            hStream: std::ptr::null_mut(),
+            attrs: std::ptr::null_mut(),
+            numAttrs: 0,
+        };
+        let mut n = 0;
+        let ok = unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, funcs[name].cu_function(), &cfg) } == sys::CUresult::CUDA_SUCCESS;
+        if ok && n > 0 {
+            break;
+        }
+        cl /= 2;
+    }
+    cl
+}
+
 /// Index of the tensor-core kernel variant for `m` rows: passes of 8, 16, 32 or (bf16) 64.
 fn mma_variant(m: usize, fp8: bool) -> usize {
     match m {

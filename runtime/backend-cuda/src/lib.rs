@@ -342,7 +342,8 @@ pub struct CudaBackend {
     pub mma_max_m: [usize; 2],
     /// Largest thread block cluster (1, 2, 4 or 8 blocks) that splits the columns of a 64-row
     /// tensor-core pass over too few 32-row units to fill the GPU (`gemv_mma_bf16_n8_c*`;
-    /// sm_90 and later: 4, else 1; `WEFT_CUDA_MMA_CLUSTER`).
+    /// sm_90 and later: 4, else 1; `WEFT_CUDA_MMA_CLUSTER`; never more than the device can
+    /// schedule, `gemv::schedulable_cluster`).
     pub mma_cluster: usize,
     /// Most 32-row units (weight rows / 32) a bf16 matrix may have for the 64-row pass: it reads
     /// the activations once per unit (four times the weights' bytes, from L2), which pays where
@@ -603,6 +604,12 @@ impl CudaBackend {
         {
             funcs[k].set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_optin as i32).map_err(dev)?;
         }
+        // Clusters for the 64-row pass: sm_90 and later, as large as asked (default 4) and the
+        // device can schedule.
+        let clusters = arch.strip_prefix("sm_").and_then(|v| v.trim_end_matches('a').parse::<u32>().ok()).is_some_and(|v| v >= 90);
+        let mma_cluster = if clusters { std::env::var("WEFT_CUDA_MMA_CLUSTER").ok().and_then(|v| v.parse().ok()).unwrap_or(4).clamp(1, 8) } else { 1 };
+        #[cfg(feature = "cuda")]
+        let mma_cluster = if mma_cluster > 1 { gemv::schedulable_cluster(&funcs, &max_threads, smem_optin, mma_cluster) } else { 1 };
         // A stream of the backend's own (the legacy default stream cannot be captured into a
         // graph). Every buffer of this backend lives on this one stream, so cudarc's
         // cross-stream event tracking would only add two events per launch argument.
@@ -654,11 +661,7 @@ impl CudaBackend {
                 let var = ["WEFT_CUDA_MMA_MAX_M", "WEFT_CUDA_MMA_MAX_M_FP8"][i];
                 std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(gemv::MMA_DEFAULT_MAX_M[i]).min(gemv::MMA_MAX_M)
             }),
-            mma_cluster: if arch.strip_prefix("sm_").and_then(|v| v.trim_end_matches('a').parse::<u32>().ok()).is_some_and(|v| v >= 90) {
-                std::env::var("WEFT_CUDA_MMA_CLUSTER").ok().and_then(|v| v.parse().ok()).unwrap_or(4).clamp(1, 8)
-            } else {
-                1
-            },
+            mma_cluster,
             mma_wide_max_units: std::env::var("WEFT_CUDA_MMA_WIDE_MAX_UNITS").ok().and_then(|v| v.parse().ok()).unwrap_or(2 * num_sms),
             mma_wide_ub: std::env::var("WEFT_CUDA_MMA_WIDE_UB").ok().and_then(|v| v.parse().ok()).unwrap_or(1).clamp(1, 4),
             #[cfg(feature = "cuda")]
