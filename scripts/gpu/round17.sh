@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
-# On the GPU machine (binaries from scripts/gpu/build_device.sh in .device/, the previous
-# commit's roofline as .device/old/roofline): round 17 (results/roofline-h200.md), the 64-row
-# tensor-core pass for decode-batch projections (kernels/mma.cu gemv_mma_bf16_n8*, off by
-# default: WEFT_CUDA_MMA_MAX_M=64 turns it on; WEFT_CUDA_MMA_CLUSTER, WEFT_CUDA_MMA_WIDE_UB,
-# WEFT_CUDA_MMA_WIDE_MAX_UNITS shape it) against cuBLAS's stacked two-part GEMMs.
+# On the GPU machine (binaries from scripts/gpu/build_device.sh in .device/): round 17
+# (results/roofline-h200.md), the 64-row tensor-core pass for decode-batch projections
+# (kernels/mma.cu gemv_mma_bf16_n8*, off by default: WEFT_CUDA_MMA_MAX_M=64 turns it on;
+# WEFT_CUDA_MMA_CLUSTER, WEFT_CUDA_MMA_WIDE_UB, WEFT_CUDA_MMA_WIDE_MAX_UNITS shape it) against
+# cuBLAS's stacked two-part GEMMs. The default path is the previous commits' (same kernels), so
+# the same binary with and without the setting is the A/B.
 # PART (space-separated, in order): tests — KTESTS (cuda-kernels-test filters), MTESTS
 # (cuda-kernels_moe-test), GRAPHS=1 (cuda-step_graphs-test), each under every TEST_SETTINGS
 # (';'-separated, space-separated VAR=value, "-" for the defaults); bench — .device/linear_bench
-# (every projection alone on every path, --rows BENCH_ROWS, default 48,64); ncu — per-launch Nsight
-# Compute times of batch-NCU_BATCH decode steps ($OUT/ncuN.csv.gz, with grid and block sizes)
-# and the per-kernel table, for each of NCU_RUNS (as TEST_SETTINGS, plus bin=PATH for another
-# roofline binary). Step times side by side: scripts/gpu/round16.sh's PART=ab.
-# Output: $OUT/round17.md.
-# The measurement this round was built for (one call, ~8 device minutes):
+# (every projection alone on every path, --rows BENCH_ROWS, default 48,64); ncu — per-launch
+# Nsight Compute times of batch-NCU_BATCH decode steps ($OUT/ncuN.csv.gz, with grid and block
+# sizes) and the per-kernel table, for each of NCU_RUNS (as TEST_SETTINGS, plus bin=PATH for
+# another roofline binary). Step times side by side: scripts/gpu/round16.sh's PART=ab.
+# Output: $OUT/round17.md (and round16.md from the A/B).
+# The measurement this round was built for (one call, ~8 device minutes; carry .device after
+# build_device.sh and dropping gpu_bench, mla_bench, cuda-tensor_parallel-test and weft):
 #   export OUT; PART="tests bench ncu" KTESTS=dense_ops_match_cpu GRAPHS=1 \
 #     TEST_SETTINGS="-;WEFT_CUDA_MMA_MAX_M=64;WEFT_CUDA_MMA_MAX_M=64 WEFT_CUDA_MMA_CLUSTER=8 WEFT_CUDA_MMA_WIDE_UB=4" \
 #     NCU_RUNS="-;WEFT_CUDA_MMA_MAX_M=64" bash scripts/gpu/round17.sh
-#   PART=ab BATCH=48,64 PREFILL=1024 ROUNDS=2 SETTINGS="bin=.device/old/roofline;-;WEFT_CUDA_MMA_MAX_M=64 WEFT_CUDA_MMA_CLUSTER=1;WEFT_CUDA_MMA_MAX_M=64;WEFT_CUDA_MMA_MAX_M=64 WEFT_CUDA_MMA_WIDE_UB=2;WEFT_CUDA_MMA_MAX_M=64 WEFT_CUDA_MMA_WIDE_UB=4 WEFT_CUDA_MMA_CLUSTER=8" \
+#   PART=ab BATCH=48,64 PREFILL=1024 ROUNDS=2 SETTINGS="-;WEFT_CUDA_MMA_MAX_M=64 WEFT_CUDA_MMA_CLUSTER=1;WEFT_CUDA_MMA_MAX_M=64;WEFT_CUDA_MMA_MAX_M=64 WEFT_CUDA_MMA_WIDE_UB=2;WEFT_CUDA_MMA_MAX_M=64 WEFT_CUDA_MMA_WIDE_UB=4 WEFT_CUDA_MMA_CLUSTER=8" \
 #     bash scripts/gpu/round16.sh
 set -uo pipefail
 OUT=${OUT:-.device/out}; mkdir -p "$OUT"
