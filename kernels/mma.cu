@@ -460,7 +460,7 @@ GEMV_MMA_WIDE(_c2, 2, __cluster_dims__(1, 2, 1))
 GEMV_MMA_WIDE(_c4, 4, __cluster_dims__(1, 4, 1))
 GEMV_MMA_WIDE(_c8, 8, __cluster_dims__(1, 8, 1))
 #else
-// No clusters (before sm_90, AMD, the emulator): the host never selects these.
+// No clusters (before sm_90, AMD): the host never selects these.
 #if defined(WEFT_NO_PTX)
 #define GEMV_WIDE_TRAP() __builtin_trap()
 #else
