@@ -118,7 +118,8 @@ fn main() {
                 let secs = t.elapsed().as_secs_f64() / (5 * reps) as f64;
                 let vs = base.map_or("1.00×".to_string(), |b: f64| format!("{:.2}×", b / secs));
                 base.get_or_insert(secs);
-                println!("| {name} | {wrows} × {cols} | {m} | {} | {:.2} | {:.0} | {:.1} % | {vs} |", p.name, secs * 1e6, bytes / secs / 1e9, 100.0 * bytes / secs / copy_bw);
+                let kernel = be.describe_linear(&ws[0], m, matches!(op, Op::Gated));
+                println!("| {name} | {wrows} × {cols} | {m} | {}: {kernel} | {:.2} | {:.0} | {:.1} % | {vs} |", p.name, secs * 1e6, bytes / secs / 1e9, 100.0 * bytes / secs / copy_bw);
             }
         }
     }

@@ -341,6 +341,19 @@ impl CudaBackend {
         (kernel, cfg, Some(ub as u32))
     }
 
+    /// Which kernel a linear (`gated`: `gated_up`) of `w` over `m` rows launches and how
+    /// (grid, block, shared memory, units a block), or the CUDA-core / cuBLAS path: for
+    /// benchmark tables (`examples/linear_bench.rs`).
+    pub fn describe_linear(&self, w: &CudaMatrix, m: usize, gated: bool) -> String {
+        let units = w.rows / MMA_UNIT;
+        if !self.gemv_mma_fits(w, m, w.rows) {
+            return if self.gemv_fits(w, m) { "CUDA cores".into() } else { "cuBLAS".into() };
+        }
+        let table = if gated { &GEMV_GATED_MMA } else { &GEMV_MMA };
+        let (name, cfg, ub) = self.mma_launch(table[w.fp8.is_some() as usize][mma_variant(m, w.fp8.is_some())], units, w, m, gated);
+        format!("{name} grid {}×{} × {} threads, {} KB shared, {} unit(s) a block", cfg.grid_dim.0, cfg.grid_dim.1, cfg.block_dim.0, cfg.shared_mem_bytes / 1024, ub.unwrap_or(1))
+    }
+
     /// A bf16 copy of an fp8 weight (scratch for the cuBLAS path).
     pub(crate) fn dequant(&self, w: &CudaMatrix) -> Result<Option<CudaSlice<u16>>> {
         let Some(f) = &w.fp8 else { return Ok(None) };
