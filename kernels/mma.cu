@@ -284,6 +284,18 @@ __device__ __forceinline__ void mma_pass_to_shared(WeightRef W, const u32 (&rb)[
             for (int i = 0; i < 4; i++) red[(sg * PER_LANE + (q * NTL + j) * 4 + i) * 32 + lane] = acc[q][j][i];
     __syncthreads();
 }
+// Both tiles' sums s of place (lane l, ji = j·4 + i) to out: the gated product or the two rows.
+template <int GATED>
+__device__ __forceinline__ void gemv_mma_store(float* out, const float (&s)[2], u32 l, u32 ji, u32 nt, u32 t0, u32 rows, u32 r0) {
+    u32 j = ji / 4, i = ji % 4;
+    u32 n = j * MMA_TOKENS + 2 * (l % 4) + (i & 1), r = g_row(l, i);
+    if (n >= nt) return;
+    if (GATED) out[(i64)(t0 + n) * rows + r0 + r] = s[0] / (1.0f + expf(-s[0])) * s[1];
+    else {
+        out[(i64)(t0 + n) * rows + r0 + r] = s[0];
+        out[(i64)(t0 + n) * rows + r0 + MMA_ROWS + r] = s[1];
+    }
+}
 template <int FP8, int NTL, int GATED>
 __device__ void gemv_mma_body(WeightRef W, const float* x, float* out, u32 m, u32 rows, u32 cols, u32 group_rows, u32 xstride) {
     constexpr int CH = FP8 ? 64 : 32;
@@ -301,18 +313,12 @@ __device__ void gemv_mma_body(WeightRef W, const float* x, float* out, u32 m, u3
         mma_pass_to_shared<FP8, NTL>(W, rb, cols, c_begin, c_end, xg, xstride, t0, nt, red, sg);
         // Each thread finishes some (lane, j, i) places of the tile pair: both tiles' sums.
         for (u32 e = threadIdx.x; e < NTL * 4 * 32; e += blockDim.x) {
-            u32 l = e % 32, ji = e / 32, j = ji / 4, i = ji % 4;
+            u32 l = e % 32, ji = e / 32;
             float s[2] = {0.f, 0.f};
             for (u32 w = 0; w < split; w++)
 #pragma unroll
                 for (int q = 0; q < 2; q++) s[q] += red[(w * PER_LANE + q * NTL * 4 + ji) * 32 + l];
-            u32 n = j * MMA_TOKENS + 2 * (l % 4) + (i & 1), r = g_row(l, i);
-            if (n >= nt) continue;
-            if (GATED) out[(i64)(t0 + n) * rows + r0 + r] = s[0] / (1.0f + expf(-s[0])) * s[1];
-            else {
-                out[(i64)(t0 + n) * rows + r0 + r] = s[0];
-                out[(i64)(t0 + n) * rows + r0 + MMA_ROWS + r] = s[1];
-            }
+            gemv_mma_store<GATED>(out, s, l, ji, nt, t0, rows, r0);
         }
         __syncthreads();
     }
@@ -339,19 +345,6 @@ __device__ void gemv_mma_body(WeightRef W, const float* x, float* out, u32 m, u3
 GEMV_MMA_ENTRY(1)
 GEMV_MMA_ENTRY(2)
 GEMV_MMA_ENTRY(4)
-
-// Both tiles' sums s of place (lane l, ji = j·4 + i) to out: the gated product or the two rows.
-template <int GATED>
-__device__ __forceinline__ void gemv_mma_store(float* out, const float (&s)[2], u32 l, u32 ji, u32 nt, u32 t0, u32 rows, u32 r0) {
-    u32 j = ji / 4, i = ji % 4;
-    u32 n = j * MMA_TOKENS + 2 * (l % 4) + (i & 1), r = g_row(l, i);
-    if (n >= nt) return;
-    if (GATED) out[(i64)(t0 + n) * rows + r0 + r] = s[0] / (1.0f + expf(-s[0])) * s[1];
-    else {
-        out[(i64)(t0 + n) * rows + r0 + r] = s[0];
-        out[(i64)(t0 + n) * rows + r0 + MMA_ROWS + r] = s[1];
-    }
-}
 
 // Thread block clusters (sm_90+): the blocks of one cluster split a unit's columns, each
 // reduces its sub-groups' sums, then each finishes a share of the unit's outputs by adding the

@@ -45,13 +45,10 @@ pub(crate) const GEMV_MMA_WIDE: [[&str; 2]; 4] = [
     ["gemv_mma_bf16_n8_c4", "gemv_gated_mma_bf16_n8_c4"],
     ["gemv_mma_bf16_n8_c8", "gemv_gated_mma_bf16_n8_c8"],
 ];
-/// Tensor-core kernels by [bf16, fp8][8, 16, 32, 64 activation rows per pass] (fp8 stops at
-/// 32: its 33–64 rows take two passes).
-const GEMV_MMA: [[&str; 4]; 2] = [["gemv_mma_bf16_n1", "gemv_mma_bf16_n2", "gemv_mma_bf16_n4", "gemv_mma_bf16_n8"], ["gemv_mma_fp8_n1", "gemv_mma_fp8_n2", "gemv_mma_fp8_n4", "gemv_mma_fp8_n4"]];
-const GEMV_GATED_MMA: [[&str; 4]; 2] = [
-    ["gemv_gated_mma_bf16_n1", "gemv_gated_mma_bf16_n2", "gemv_gated_mma_bf16_n4", "gemv_gated_mma_bf16_n8"],
-    ["gemv_gated_mma_fp8_n1", "gemv_gated_mma_fp8_n2", "gemv_gated_mma_fp8_n4", "gemv_gated_mma_fp8_n4"],
-];
+/// Tensor-core kernels by [bf16, fp8][8, 16, 32 activation rows per pass] (the 64-row pass of
+/// bf16 weights: `GEMV_MMA_WIDE`; fp8 takes two 32-row passes there).
+const GEMV_MMA: [[&str; 3]; 2] = [["gemv_mma_bf16_n1", "gemv_mma_bf16_n2", "gemv_mma_bf16_n4"], ["gemv_mma_fp8_n1", "gemv_mma_fp8_n2", "gemv_mma_fp8_n4"]];
+const GEMV_GATED_MMA: [[&str; 3]; 2] = [["gemv_gated_mma_bf16_n1", "gemv_gated_mma_bf16_n2", "gemv_gated_mma_bf16_n4"], ["gemv_gated_mma_fp8_n1", "gemv_gated_mma_fp8_n2", "gemv_gated_mma_fp8_n4"]];
 
 /// The kernel arguments a weight contributes: its bf16 data, or its fp8 bytes, scales and
 /// scale grid (columns, block rows, block columns).
@@ -288,7 +285,7 @@ impl CudaBackend {
     /// `gemv` on tensor cores (`gemv_mma_fits`).
     pub(crate) fn gemv_mma(&self, w: &CudaMatrix, x: &CudaSlice<f32>, m: usize, groups: usize) -> Result<CudaSlice<f32>> {
         let mut out = self.out(m * w.rows)?;
-        let (name, cfg, ub) = self.mma_launch(GEMV_MMA[w.fp8.is_some() as usize][mma_variant(m, w.fp8.is_some())], w.rows / MMA_UNIT, w, m, false);
+        let (name, cfg, ub) = self.mma_launch(w.rows / MMA_UNIT, w, m, false);
         let (m32, rows, cols, grp, xs) = (m as u32, w.rows as u32, w.cols as u32, (w.rows / groups) as u32, (groups * w.cols) as u32);
         let wa = WeightArgs::new(w);
         let mut l = self.stream.launch_builder(self.func(name));
@@ -304,7 +301,7 @@ impl CudaBackend {
     /// `gemv_gated` on tensor cores (`gemv_mma_fits` of the stacked weight as one group).
     pub(crate) fn gemv_gated_mma(&self, w: &CudaMatrix, x: &CudaSlice<f32>, m: usize, inter: usize) -> Result<CudaSlice<f32>> {
         let mut out = self.out(m * inter)?;
-        let (name, cfg, ub) = self.mma_launch(GEMV_GATED_MMA[w.fp8.is_some() as usize][mma_variant(m, w.fp8.is_some())], inter / 16, w, m, true);
+        let (name, cfg, ub) = self.mma_launch(inter / 16, w, m, true);
         let (m32, i32_, cols) = (m as u32, inter as u32, w.cols as u32);
         let wa = WeightArgs::new(w);
         let mut l = self.stream.launch_builder(self.func(name));
@@ -320,12 +317,13 @@ impl CudaBackend {
     /// A block per unit (two 16-row tiles), split over `mma_split` sub-groups along the columns.
     /// The 64-row pass takes `ub` units a block (`mma_wide_ub`, where it divides the units;
     /// returned as the kernel's last argument) and, over fewer blocks than SMs, also splits the
-    /// columns over a cluster of blocks (`mma_cluster_size`). The kernel to launch (`kernel`,
-    /// or its cluster variant) and how.
-    fn mma_launch(&self, kernel: &'static str, units: usize, w: &CudaMatrix, m: usize, gated: bool) -> (&'static str, LaunchConfig, Option<u32>) {
+    /// columns over a cluster of blocks (`mma_cluster_size`). The kernel to launch (plain or
+    /// `gated`, for `m` rows of `w`) and how.
+    fn mma_launch(&self, units: usize, w: &CudaMatrix, m: usize, gated: bool) -> (&'static str, LaunchConfig, Option<u32>) {
         let variant = mma_variant(m, w.fp8.is_some());
         let chunks = w.cols / mma_chunk_cols(w);
         if variant != WIDE {
+            let kernel = [GEMV_MMA, GEMV_GATED_MMA][gated as usize][w.fp8.is_some() as usize][variant];
             let split = mma_split(units, chunks, variant, self.num_sms, self.max_threads[kernel]);
             return (kernel, LaunchConfig { grid_dim: (units as u32, 1, 1), block_dim: (32 * split as u32, 1, 1), shared_mem_bytes: 0 }, None);
         }
@@ -349,8 +347,7 @@ impl CudaBackend {
         if !self.gemv_mma_fits(w, m, w.rows) {
             return if self.gemv_fits(w, m) { "CUDA cores".into() } else { "cuBLAS".into() };
         }
-        let table = if gated { &GEMV_GATED_MMA } else { &GEMV_MMA };
-        let (name, cfg, ub) = self.mma_launch(table[w.fp8.is_some() as usize][mma_variant(m, w.fp8.is_some())], units, w, m, gated);
+        let (name, cfg, ub) = self.mma_launch(units, w, m, gated);
         format!("{name} grid {}×{} × {} threads, {} KB shared, {} unit(s) a block", cfg.grid_dim.0, cfg.grid_dim.1, cfg.block_dim.0, cfg.shared_mem_bytes / 1024, ub.unwrap_or(1))
     }
 
@@ -400,7 +397,7 @@ mod tests {
                         assert!(mma_split(units, chunks, v, 132, 384) <= 8);
                         assert!(s.is_power_of_two() && s * (256 << v) <= floats, "{units} {chunks} {m}: {s}");
                         assert!(s == 1 || chunks >= 2 * s, "{units} {chunks} {m}: {s}");
-                        assert!(GEMV_MMA[fp8 as usize][v].contains(["n1", "n2", "n4", "n8"][v]) || (fp8 && v == WIDE));
+                        assert!((v == WIDE && !fp8) || (GEMV_MMA[fp8 as usize][v].contains(["n1", "n2", "n4"][v]) && GEMV_GATED_MMA[fp8 as usize][v].contains(["n1", "n2", "n4"][v])));
                     }
                 }
             }
