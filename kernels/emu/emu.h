@@ -232,6 +232,25 @@ inline void emu_wgmma_n128_ss(float (&d)[64], unsigned long long da, unsigned lo
         }
 }
 
+// wgmma.mma_async m64n32k16 (kernels/mla_wgmma.cu): as above, 32 columns; B K-major, A K-major
+// (ta = 0) or M-major (ta = 1: element (m, k) of a 64-row operand at k / 8 · 1024 + k % 8 · 128
+// + 2m, the same 128-byte swizzle — the descriptor's stride of 1024 between 8-row k groups).
+inline float emu_swizzled_mn_bf16(unsigned long long desc, unsigned m, unsigned k) {
+    uintptr_t a = (uintptr_t)desc + (k / 8) * 1024 + (k % 8) * 128 + 2 * m;
+    a ^= ((a >> 7) & 7) << 4;
+    return __uint_as_float((unsigned)*(const uint16_t*)a << 16);
+}
+inline void emu_wgmma_n32_ss(float (&d)[16], unsigned long long da, unsigned long long db, int ta) {
+    unsigned lane = threadIdx.x % 32, w = threadIdx.x / 32 % 4, g = lane / 4, q = lane % 4;
+    for (unsigned j = 0; j < 4; j++)
+        for (unsigned i = 0; i < 4; i++) {
+            unsigned r = 16 * w + g + 8 * (i / 2), n = 8 * j + 2 * q + i % 2;
+            float acc = d[4 * j + i];
+            for (unsigned k = 0; k < 16; k++) acc += (ta ? emu_swizzled_mn_bf16(da, r, k) : emu_swizzled_bf16(da, r, k)) * emu_swizzled_bf16(db, n, k);
+            d[4 * j + i] = acc;
+        }
+}
+
 static const void* emu_ldsm_rows[2][4096];
 // ldmatrix of a 32-lane warp: every lane posts its row address and the warp meets; returns the
 // posted addresses (indexed by thread), with this lane's warp base, g = lane / 4 and q = lane % 4.

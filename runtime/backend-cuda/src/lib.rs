@@ -91,6 +91,8 @@ pub const KERNEL_SOURCE: &str = concat!(
     "\n",
     include_str!("../../../kernels/mla_grouped.cu"),
     "\n",
+    include_str!("../../../kernels/mla_wgmma.cu"),
+    "\n",
     include_str!("../../../kernels/mla_flash.cu"),
     "\n",
     include_str!("../../../kernels/dummy.cu"),
@@ -212,6 +214,7 @@ pub const KERNELS: &[&str] = &[
     "mla_decode_mmg1w_bf16",
     "mla_decode_mmg2w",
     "mla_decode_mmg4wq1_bf16",
+    "mla_decode_wg_bf16",
     "mla_combine",
     "mla_flash_bf16",
     "dummy_bf16",
@@ -334,6 +337,10 @@ pub struct CudaBackend {
     /// A grouped kernel by name (`mla::MMG_KERNELS`) for every head count over its cache type
     /// (`WEFT_CUDA_MLA_MMG`), for measurements.
     pub mla_mmg: Option<&'static str>,
+    /// MLA decode over a bf16 cache on Hopper's warpgroup tensor cores (`mla_decode_wg_bf16`,
+    /// mla_wgmma.cu; sm_90a; 16 heads a block) where the layout fits. Opt-in
+    /// (`WEFT_CUDA_MLA_WGMMA=1`) until measured against the grouped kernels.
+    pub mla_wgmma: bool,
     /// Fewest activation rows the dense tensor-core kernels take (2; `WEFT_CUDA_MMA_MIN_M`).
     pub mma_min_m: usize,
     /// Most activation rows the dense tensor-core kernels take for bf16 / fp8 weights
@@ -495,7 +502,8 @@ fn keep_pool_memory(ctx: &CudaContext) {
 }
 
 /// The files of `KERNEL_SOURCE`, in its order.
-const KERNEL_FILES: &[&str] = &["weft_port.h", "weft.cu", "gemv.cu", "moe.cu", "mma.cu", "moe_gemm.cu", "moe_wgmma.cu", "mla.cu", "mla_grouped.cu", "mla_flash.cu", "dummy.cu", "sample.cu", "gemm.cu"];
+const KERNEL_FILES: &[&str] =
+    &["weft_port.h", "weft.cu", "gemv.cu", "moe.cu", "mma.cu", "moe_gemm.cu", "moe_wgmma.cu", "mla.cu", "mla_grouped.cu", "mla_wgmma.cu", "mla_flash.cu", "dummy.cu", "sample.cu", "gemm.cu"];
 
 /// The kernels' source: the built-in one, or with `WEFT_CUDA_KERNEL_DIR=<dir>` the files of
 /// `KERNEL_FILES` read from that folder at start-up — for kernel experiments on a GPU machine
@@ -597,6 +605,7 @@ impl CudaBackend {
             "moe_wg2_gate_up_bf16",
             "moe_wg2_down_bf16",
             "mla_flash_bf16",
+            "mla_decode_wg_bf16",
         ]
         .into_iter()
         .chain(mla::MMG_KERNELS.iter().map(|k| k.name))
@@ -672,6 +681,7 @@ impl CudaBackend {
             gemm_stack_max_m: std::env::var("WEFT_CUDA_GEMM_STACK_MAX_M").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
             mla_split_tiles: std::env::var("WEFT_CUDA_MLA_SPLIT_TILES").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1),
             mla_grouped: std::env::var("WEFT_CUDA_MLA_GROUPED").map_or(true, |v| v != "0"),
+            mla_wgmma: mma && arch == "sm_90a" && std::env::var("WEFT_CUDA_MLA_WGMMA").is_ok_and(|v| v == "1"),
             mla_mmg: std::env::var("WEFT_CUDA_MLA_MMG").ok().and_then(|v| mla::MMG_KERNELS.iter().find(|k| k.name == v).map(|k| k.name)),
             mla_min_group: std::env::var("WEFT_CUDA_MLA_MIN_GROUP").ok().and_then(|v| v.parse().ok()).unwrap_or(8).max(1),
             mla_waves: std::env::var("WEFT_CUDA_MLA_WAVES").ok().and_then(|v| v.parse().ok()).unwrap_or(4).max(1),

@@ -61,13 +61,27 @@ fn mma_row_bytes(width: usize, bf16: bool) -> usize {
 }
 
 /// A tensor-core MLA decode kernel chosen for a call: its name, tile tokens, 16-head m-tiles
-/// per block and dynamic shared memory.
+/// per block, threads and dynamic shared memory.
 #[derive(Clone, Copy)]
 struct MmaKernel {
     name: &'static str,
     tile: usize,
     m_tiles: usize,
+    threads: usize,
     smem: usize,
+}
+
+/// `mla_decode_wg_bf16` (mla_wgmma.cu): one warpgroup, tiles of `MLW_T` tokens, 16 heads.
+const WG_NAME: &str = "mla_decode_wg_bf16";
+const WG_TILE: usize = 64;
+const WG_THREADS: usize = 128;
+
+/// `mla_decode_wg_bf16`'s shared memory for a cache row of `width` bf16 columns: alignment
+/// slack, two tiles and Q^T in 64-column chunks (64 and 32 rows of 128 bytes), P^T (32 rows of
+/// 128 bytes), the per-warp maxima (4 × 16 floats).
+fn wg_smem(width: usize) -> usize {
+    let chunks = width.div_ceil(64);
+    1024 + 2 * chunks * WG_TILE * 128 + chunks * 32 * 128 + 32 * 128 + 4 * 16 * 4
 }
 
 /// A grouped tensor-core kernel (`WEFT_MLA_MMG` in mla_grouped.cu): its cache type, tile
@@ -145,14 +159,19 @@ impl CudaBackend {
     /// score warps over several n-tiles) where their shared memory fits and they were measured
     /// faster (every bf16 shape; f32 beyond 16 heads), else `mla_decode_mma` (one m-tile per
     /// block). `WEFT_CUDA_MLA_GROUPED=0`: `mla_decode_mma` always; `WEFT_CUDA_MLA_MMG`: one
-    /// grouped kernel by name for every head count.
+    /// grouped kernel by name for every head count. `WEFT_CUDA_MLA_WGMMA=1` (sm_90a, bf16
+    /// cache, latent a multiple of 64): `mla_decode_wg_bf16` before all of them.
     fn mla_mma_kernel(&self, pool: &CudaKvPool, heads: usize) -> Option<MmaKernel> {
         if !self.mla_mma_fits(pool) {
             return None;
         }
         let (w, bf) = (pool.layout.width(), pool.bf16());
         let one = if bf { "mla_decode_mma_bf16" } else { "mla_decode_mma" };
-        let single = MmaKernel { name: one, tile: MMA_TILE, m_tiles: 1, smem: Self::mla_mma_smem(w, MMA_TILE, MMA_WARPS, bf) };
+        let threads = 32 * MMA_WARPS;
+        let single = MmaKernel { name: one, tile: MMA_TILE, m_tiles: 1, threads, smem: Self::mla_mma_smem(w, MMA_TILE, MMA_WARPS, bf) };
+        // Hopper's warpgroup kernel where asked: a bf16 cache whose latent columns fill whole
+        // 64-column value tiles.
+        let wg = (self.mla_wgmma && bf && pool.layout.latent_dim % 64 == 0).then(|| MmaKernel { name: WG_NAME, tile: WG_TILE, m_tiles: 1, threads: WG_THREADS, smem: wg_smem(w) });
         let grouped = match (self.mla_mmg, bf) {
             (Some(name), _) if mmg_spec(name).bf16 == bf => Some(name),
             _ if !self.mla_grouped => None,
@@ -162,12 +181,11 @@ impl CudaBackend {
             (_, false) if heads > HEAD_GROUP => Some("mla_decode_mmg2w"),
             (_, false) => None,
         };
-        grouped
-            .map(|name| {
+        wg.into_iter()
+            .chain(grouped.map(|name| {
                 let k = mmg_spec(name);
-                MmaKernel { name, tile: k.tile, m_tiles: k.m_tiles, smem: mmg_smem(w, k) }
-            })
-            .into_iter()
+                MmaKernel { name, tile: k.tile, m_tiles: k.m_tiles, threads, smem: mmg_smem(w, k) }
+            }))
             .chain([single])
             .find(|k| k.smem <= self.smem_optin)
     }
@@ -231,7 +249,7 @@ impl CudaBackend {
         let (h32, g32, gs, lat, rd, ps, ch) = (heads as u32, groups as u32, hg as u32, l.latent_dim as u32, l.rope_dim as u32, l.page_size as u32, min_chunk as u32);
         let bf = pool.bf16();
         let (kernel, threads, smem) = match mma {
-            Some(k) => (k.name, 32 * MMA_WARPS as u32, k.smem),
+            Some(k) => (k.name, k.threads as u32, k.smem),
             None => (if bf { "mla_decode_bf16" } else { "mla_decode" }, THREADS, self.mla_smem(l.width(), hg)),
         };
         let mut b = self.stream.launch_builder(self.func(kernel));

@@ -1,0 +1,257 @@
+// MLA decode on Hopper's warpgroup tensor cores (`wgmma.mma_async`, sm_90a only) over a bf16
+// latent cache, up to 16 heads per block: the small head counts (Moonlight's 16, 8–16 under
+// tensor parallelism) where mla_grouped.cu's mma.sync kernels stay near half the copy rate —
+// bound by fragment loads from shared memory and by issue, not by memory (results round 9).
+//
+// The products run transposed, so that the cache tile — not the few heads — fills the 64 rows
+// of a wgmma: scores S^T (64 tokens x 32) = K (the tile, 64 tokens x width) · Q^T, whose 32
+// columns are the block's 16 heads' queries as a high and a low bf16 part (hi in column h, lo
+// in h + 16; a head's score is the sum of its two columns, the f32 queries' precision as in
+// every decode path); values O^T (latent x 32) += V^T (the tile's latent columns, read
+// transposed: "M-major") · P^T, the softmax weights again as hi / lo parts in columns h, h + 16.
+// Both operands of both products are read by the tensor cores from shared memory (one
+// warpgroup, no fragment loads). The cache tile is copied once (cp.async, one tile ahead) in
+// the 128-byte swizzle: 64-column chunks of 64 rows x 128 bytes, 16-byte granule c of row r at
+// c ^ (r % 8) — K-major for the scores, M-major for the values, one layout.
+//
+// Accumulator layout (m64nN): warp wr's lane (g, t) holds rows 16wr + g (+ 8) at columns
+// 8j + 2t (+ 1), d[4j + 2 · (row half) + (column parity)]. For N = 32 a thread's columns are
+// heads 2t, 2t + 1, 8 + 2t, 9 + 2t, each hi (j = 0, 1) and lo (j = 2, 3): the same in S^T and
+// O^T, so the rescale of a head's outputs needs no exchange. Softmax per tile: the running max
+// per head over all 64 tokens meets in shared memory (one barrier); each thread keeps partial
+// sums of its own weights, added up once at the end.
+//
+// Same inputs, launch grid (block = row · groups + group, y = split), partial outputs and merge
+// (mla_combine) as mla_decode_mma; the host (src/mla.rs) takes it where asked
+// (`WEFT_CUDA_MLA_WGMMA=1`) on sm_90a for bf16 caches whose latent width is a multiple of 64.
+#define MLW_T 64                  // tokens per tile: the m of every product
+#define MLW_HB 16                 // heads per block
+#define MLW_N (2 * MLW_HB)        // columns of Q^T and P^T: hi and lo part of each head
+#define MLW_CHUNK (MLW_T * 128)   // one 64-column chunk of a tile
+#define MLW_QCHUNK (MLW_N * 128)  // one 64-column chunk of Q^T
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && !defined(WEFT_NO_PTX)
+// An M-major operand (the values: 64 latent columns of 128 bytes per token row, 8-row groups
+// 1024 bytes apart along k), 128-byte swizzle: leading offset = the next 64 columns' chunk
+// (unused by m64), stride = 1024.
+__device__ __forceinline__ u64 wg_desc_mn(const void* p) {
+    const u32 a = (u32)__cvta_generic_to_shared(p);
+    return (u64)((a & 0x3ffffu) >> 4) | ((u64)(MLW_CHUNK >> 4) << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+// d (64 x 32) += A (64 x 16 at da; TA = 1: M-major) x B (32 rows x 16 at db, K-major).
+template <int TA>
+__device__ __forceinline__ void wgmma_n32_ss(float (&d)[16], u64 da, u64 db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+        "%16, %17, 1, 1, 1, %18, 0;"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(da), "l"(db), "n"(TA));
+}
+// d = A x B (the accumulator's old value ignored: scale-d 0), both K-major.
+__device__ __forceinline__ void wgmma_n32_ss_first(float (&d)[16], u64 da, u64 db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+        "%16, %17, 0, 1, 1, 0, 0;"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]),
+          "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15])
+        : "l"(da), "l"(db));
+}
+#elif defined(WEFT_EMU)
+__device__ __forceinline__ u64 wg_desc_mn(const void* p) { return (u64)(uintptr_t)p; }
+template <int TA>
+__device__ __forceinline__ void wgmma_n32_ss(float (&d)[16], u64 da, u64 db) { emu_wgmma_n32_ss(d, da, db, TA); }
+__device__ __forceinline__ void wgmma_n32_ss_first(float (&d)[16], u64 da, u64 db) {
+    for (int i = 0; i < 16; i++) d[i] = 0.f;
+    emu_wgmma_n32_ss(d, da, db, 0);
+}
+#else
+__device__ __forceinline__ u64 wg_desc_mn(const void*) { return 0; }
+template <int TA>
+__device__ __forceinline__ void wgmma_n32_ss(float (&)[16], u64, u64) { WG_TRAP(); }
+__device__ __forceinline__ void wgmma_n32_ss_first(float (&)[16], u64, u64) { WG_TRAP(); }
+#endif
+
+// Tokens base..base + 63 of the row's context into a tile (rows past `end` zero-filled), by a
+// block of 128 threads: thread (r = tid / 8, c = tid % 8) copies 16-byte granule c of every
+// 64-column chunk of tokens r, r + 16, r + 32, r + 48 — rows whose swizzle (row % 8 = r % 8)
+// is the same, so every copy's shared address is one offset plus constants, and the loop is
+// a few instructions per copy. With pages of a multiple of 64 tokens a tile lies in one page
+// (one block-table lookup).
+__device__ __forceinline__ void mlw_load(unsigned char* tile, const u16* layer, const u32* table, u32 base, u32 end, u32 page, u32 w) {
+    const u32 r = threadIdx.x / 8, c = threadIdx.x % 8, gw = w / 8, nc = (w + 63) / 64;
+    unsigned char* dst = tile + r * 128 + (c ^ (r % 8)) * 16;
+    const bool one_page = page % MLW_T == 0;
+    const i64 row0 = one_page ? (i64)table[base / page] * page + base % page : 0;
+#pragma unroll
+    for (int tg = 0; tg < MLW_T / 16; tg++) {
+        const u32 tt = r + 16 * tg, tok = base + tt;
+        const bool in = tok < end;
+        const i64 row = one_page ? row0 + tt : in ? (i64)table[tok / page] * page + tok % page : 0;
+        const u16* src = in ? layer + row * w + 8 * c : layer;
+        const u32 bytes = in ? 16 : 0;
+#pragma unroll
+        for (int ch = 0; ch < 9; ch++)
+            if ((u32)ch < nc && 8 * ch + c < gw) cp_async16(dst + ch * MLW_CHUNK + tg * 16 * 128, src + 64 * ch, bytes);
+    }
+    cp_async_commit();
+}
+
+// Element k (a token) of row n of P^T: 128-byte rows, granule k / 8 at (k / 8) ^ (n % 8).
+__device__ __forceinline__ u16* mlw_p_at(unsigned char* ps, u32 n, u32 k) { return (u16*)(ps + n * 128 + ((k / 8) ^ (n % 8)) * 16 + (k % 8) * 2); }
+
+extern "C" __global__ void __launch_bounds__(128, 1) mla_decode_wg_bf16(const u16* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) {
+    WEFT_PDL_ENTRY();
+    WEFT_DYNAMIC_SHARED(uint4, mlw_smem);
+    unsigned char* sm = wg_align1024(mlw_smem);
+    const u32 w = latent + rd, gw = w / 8, nc = (w + 63) / 64, nks = w / 16, nmb = latent / 64;
+    unsigned char* tiles = sm;                       // [2][nc][MLW_CHUNK]
+    unsigned char* qs = tiles + 2 * nc * MLW_CHUNK;  // [nc][MLW_QCHUNK]: Q^T, K-major
+    unsigned char* ps = qs + nc * MLW_QCHUNK;        // [MLW_N][128 bytes]: P^T, K-major
+    float* red = (float*)(ps + MLW_N * 128);         // [4 warps][MLW_HB]
+    const MlaBlock B = mla_block(MLW_T, ctx, bt, bt_off, heads, groups, gsize, chunk);
+    const u32 tid = threadIdx.x, lane = tid % 32, wr = tid / 32, g = lane / 4, t = lane % 4;
+    const u32 ntiles = (B.t_end - B.t_begin + MLW_T - 1) / MLW_T;
+    if (ntiles > 0) mlw_load(tiles, layer, B.table, B.t_begin, B.t_end, page, w);
+    // Q^T while the first tile loads: granule j of head h's query as bf16 hi (row h) and lo
+    // (row h + 16) parts; heads past the group are zero rows.
+    for (u32 e = tid; e < MLW_HB * gw; e += blockDim.x) {
+        const u32 h = e / gw, j = e % gw, d = 8 * j;
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+        if (h < B.hg) {
+            const i64 qh = (i64)B.row * heads + B.h0 + h;
+            const float* src = d < latent ? q_lat + qh * latent + d : q_pe + qh * rd + d - latent;
+            a = *(const float4*)src;
+            b = *(const float4*)(src + 4);
+        }
+        uint4 hi, lo;
+        split_bf16x2(a.x, a.y, hi.x, lo.x);
+        split_bf16x2(a.z, a.w, hi.y, lo.y);
+        split_bf16x2(b.x, b.y, hi.z, lo.z);
+        split_bf16x2(b.z, b.w, hi.w, lo.w);
+        unsigned char* qc = qs + (j / 8) * MLW_QCHUNK;
+        *(uint4*)(qc + h * 128 + ((j % 8) ^ (h % 8)) * 16) = hi;
+        *(uint4*)(qc + (h + MLW_HB) * 128 + ((j % 8) ^ ((h + MLW_HB) % 8)) * 16) = lo;
+    }
+    // This thread's heads (slot a: column parity a % 2 of n-tile a / 2) and state.
+    u32 hd[4];
+#pragma unroll
+    for (int a = 0; a < 4; a++) hd[a] = 8 * (a / 2) + 2 * t + a % 2;
+    float m_run[4], l_run[4], o[8][16];
+#pragma unroll
+    for (int a = 0; a < 4; a++) {
+        m_run[a] = -WEFT_INF;
+        l_run[a] = 0.f;
+    }
+#pragma unroll
+    for (int mb = 0; mb < 8; mb++)
+#pragma unroll
+        for (int i = 0; i < 16; i++) o[mb][i] = 0.f;
+
+    for (u32 it = 0; it < ntiles; it++) {
+        const u32 base = B.t_begin + it * MLW_T, cnt = min((u32)MLW_T, B.t_end - base);
+        unsigned char* tile = tiles + (it % 2) * nc * MLW_CHUNK;
+        cp_async_wait<0>();
+        fence_async_shared();
+        __syncthreads();
+        // The other buffer's last readers (the previous tile's products) are done: load ahead.
+        if (it + 1 < ntiles) mlw_load(tiles + ((it + 1) % 2) * nc * MLW_CHUNK, layer, B.table, base + MLW_T, B.t_end, page, w);
+        // (The first product ignores the accumulator: no other instruction defines it, so the
+        // chain is not serialised.)
+        float s[16];
+        wg_fence();
+        wgmma_n32_ss_first(s, wg_desc(tile), wg_desc(qs));
+        for (u32 k = 1; k < nks; k++) wgmma_n32_ss<0>(s, wg_desc(tile + (k / 4) * MLW_CHUNK + 32 * (k % 4)), wg_desc(qs + (k / 4) * MLW_QCHUNK + 32 * (k % 4)));
+        wg_commit();
+        wg_wait<0>();
+        // Scores of this thread's heads at tokens 16wr + g (rr = 0) and + 8 (rr = 1).
+        float v[4][2], mx[4];
+#pragma unroll
+        for (int a = 0; a < 4; a++) {
+#pragma unroll
+            for (int rr = 0; rr < 2; rr++) {
+                const int i = 4 * (a / 2) + 2 * rr + a % 2;
+                v[a][rr] = 16 * wr + g + 8 * rr < cnt ? (s[i] + s[i + 8]) * scale : -WEFT_INF;
+            }
+            mx[a] = fmaxf(v[a][0], v[a][1]);
+#pragma unroll
+            for (int off = 4; off < 32; off <<= 1) mx[a] = fmaxf(mx[a], lane_xor(mx[a], off));
+            if (g == 0) red[wr * MLW_HB + hd[a]] = mx[a];
+        }
+        __syncthreads();
+        float corr[4];
+#pragma unroll
+        for (int a = 0; a < 4; a++) {
+            const float m_new = fmaxf(fmaxf(m_run[a], fmaxf(red[hd[a]], red[MLW_HB + hd[a]])), fmaxf(red[2 * MLW_HB + hd[a]], red[3 * MLW_HB + hd[a]]));
+            corr[a] = expf(m_run[a] - m_new);
+            m_run[a] = m_new;
+            float sum = 0.f;
+#pragma unroll
+            for (int rr = 0; rr < 2; rr++) {
+                const float p = expf(v[a][rr] - m_new);
+                sum += p;
+                const u32 k = 16 * wr + g + 8 * rr;
+                const u16 h = f32_to_bf16(p);
+                *mlw_p_at(ps, hd[a], k) = h;
+                *mlw_p_at(ps, hd[a] + MLW_HB, k) = f32_to_bf16(p - bf16_to_f32(h));
+            }
+            l_run[a] = l_run[a] * corr[a] + sum;
+        }
+        // Rescale the outputs of heads whose max moved (most tiles move none).
+#pragma unroll
+        for (int a = 0; a < 4; a++)
+            if (corr[a] != 1.f)
+#pragma unroll
+                for (int mb = 0; mb < 8; mb++)
+#pragma unroll
+                    for (int rr = 0; rr < 2; rr++) {
+                        const int i = 4 * (a / 2) + 2 * rr + a % 2;
+                        o[mb][i] *= corr[a];
+                        o[mb][i + 8] *= corr[a];
+                    }
+        fence_async_shared();
+        __syncthreads();
+        wg_fence();
+#pragma unroll
+        for (int mb = 0; mb < 8; mb++)
+            if ((u32)mb < nmb)
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) wgmma_n32_ss<1>(o[mb], wg_desc_mn(tile + mb * MLW_CHUNK + kk * 2048), wg_desc(ps + 32 * kk));
+        wg_commit();
+        wg_wait<0>();
+    }
+    // Each head's sum over the block's threads; its outputs (hi + lo columns) and (max, sum).
+    float l_sum[4];
+#pragma unroll
+    for (int a = 0; a < 4; a++) {
+        l_sum[a] = l_run[a];
+#pragma unroll
+        for (int off = 4; off < 32; off <<= 1) l_sum[a] += lane_xor(l_sum[a], off);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int a = 0; a < 4; a++)
+        if (g == 0) red[wr * MLW_HB + hd[a]] = l_sum[a];
+    __syncthreads();
+    const u32 nsplit = gridDim.y;
+    const i64 part = ((i64)B.row * heads + B.h0) * nsplit + blockIdx.y;
+#pragma unroll
+    for (int a = 0; a < 4; a++) {
+        if (hd[a] >= B.hg) continue;
+        float* out = o_part + (part + (i64)hd[a] * nsplit) * latent;
+#pragma unroll
+        for (int mb = 0; mb < 8; mb++)
+            if ((u32)mb < nmb)
+#pragma unroll
+                for (int rr = 0; rr < 2; rr++) {
+                    const int i = 4 * (a / 2) + 2 * rr + a % 2;
+                    out[64 * mb + 16 * wr + g + 8 * rr] = o[mb][i] + o[mb][i + 8];
+                }
+        if (wr == 0 && g == 0) {
+            ml_part[(part + (i64)hd[a] * nsplit) * 2] = m_run[a];
+            ml_part[(part + (i64)hd[a] * nsplit) * 2 + 1] = red[hd[a]] + red[MLW_HB + hd[a]] + red[2 * MLW_HB + hd[a]] + red[3 * MLW_HB + hd[a]];
+        }
+    }
+}
