@@ -23,7 +23,8 @@
 //
 // Same inputs, launch grid (block = row · groups + group, y = split), partial outputs and merge
 // (mla_combine) as mla_decode_mma; the host (src/mla.rs) takes it where asked
-// (`WEFT_CUDA_MLA_WGMMA=1`) on sm_90a for bf16 caches whose latent width is a multiple of 64.
+// (`WEFT_CUDA_MLA_WGMMA=1`: one warpgroup a block, `mla_decode_wg_bf16`; `=2`: two,
+// `mla_decode_wg2_bf16`) on sm_90a for bf16 caches whose latent width is a multiple of 64.
 #define MLW_T 64                  // tokens per tile: the m of every product
 #define MLW_HB 16                 // heads per block
 #define MLW_N (2 * MLW_HB)        // columns of Q^T and P^T: hi and lo part of each head
@@ -75,26 +76,27 @@ __device__ __forceinline__ void wgmma_n32_ss_first(float (&)[16], u64, u64) { WG
 #endif
 
 // Tokens base..base + 63 of the row's context into a tile (rows past `end` zero-filled), by a
-// block of 128 threads: thread (r = tid / 8, c = tid % 8) copies 16-byte granule c of every
-// 64-column chunk of tokens r, r + 16, r + 32, r + 48 — rows whose swizzle (row % 8 = r % 8)
-// is the same, so every copy's shared address is one offset plus constants, and the loop is
-// a few instructions per copy. With pages of a multiple of 64 tokens a tile lies in one page
-// (one block-table lookup).
+// block of 128 · WGS threads: thread (r = tid / 8, c = tid % 8) copies 16-byte granule c of
+// every 64-column chunk of tokens r, r + R, r + 2R, … (R = 16 · WGS) — rows whose swizzle
+// (row % 8 = r % 8) is the same, so every copy's shared address is one offset plus constants,
+// and the loop is a few instructions per copy. With pages of a multiple of 64 tokens a tile
+// lies in one page (one block-table lookup).
+template <int WGS>
 __device__ __forceinline__ void mlw_load(unsigned char* tile, const u16* layer, const u32* table, u32 base, u32 end, u32 page, u32 w) {
     const u32 r = threadIdx.x / 8, c = threadIdx.x % 8, gw = w / 8, nc = (w + 63) / 64;
     unsigned char* dst = tile + r * 128 + (c ^ (r % 8)) * 16;
     const bool one_page = page % MLW_T == 0;
     const i64 row0 = one_page ? (i64)table[base / page] * page + base % page : 0;
 #pragma unroll
-    for (int tg = 0; tg < MLW_T / 16; tg++) {
-        const u32 tt = r + 16 * tg, tok = base + tt;
+    for (int tg = 0; tg < MLW_T / (16 * WGS); tg++) {
+        const u32 tt = r + 16 * WGS * tg, tok = base + tt;
         const bool in = tok < end;
         const i64 row = one_page ? row0 + tt : in ? (i64)table[tok / page] * page + tok % page : 0;
         const u16* src = in ? layer + row * w + 8 * c : layer;
         const u32 bytes = in ? 16 : 0;
 #pragma unroll
         for (int ch = 0; ch < 9; ch++)
-            if ((u32)ch < nc && 8 * ch + c < gw) cp_async16(dst + ch * MLW_CHUNK + tg * 16 * 128, src + 64 * ch, bytes);
+            if ((u32)ch < nc && 8 * ch + c < gw) cp_async16(dst + ch * MLW_CHUNK + tg * 16 * WGS * 128, src + 64 * ch, bytes);
     }
     cp_async_commit();
 }
@@ -102,19 +104,23 @@ __device__ __forceinline__ void mlw_load(unsigned char* tile, const u16* layer, 
 // Element k (a token) of row n of P^T: 128-byte rows, granule k / 8 at (k / 8) ^ (n % 8).
 __device__ __forceinline__ u16* mlw_p_at(unsigned char* ps, u32 n, u32 k) { return (u16*)(ps + n * 128 + ((k / 8) ^ (n % 8)) * 16 + (k % 8) * 2); }
 
-extern "C" __global__ void __launch_bounds__(128, 1) mla_decode_wg_bf16(const u16* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) {
-    WEFT_PDL_ENTRY();
+// WGS warpgroups a block: each computes the tile's scores and softmax (the same values: no
+// exchange between them) and the values of latent columns [512 / WGS · wg, …) — with two, half
+// the accumulators and rescales each, and two warps per scheduler to hide each other's waits.
+template <int WGS>
+__device__ __forceinline__ void mla_wg_body(const u16* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) {
+    constexpr int MB = 8 / WGS;  // 64-column value tiles per warpgroup
     WEFT_DYNAMIC_SHARED(uint4, mlw_smem);
     unsigned char* sm = wg_align1024(mlw_smem);
     const u32 w = latent + rd, gw = w / 8, nc = (w + 63) / 64, nks = w / 16, nmb = latent / 64;
     unsigned char* tiles = sm;                       // [2][nc][MLW_CHUNK]
     unsigned char* qs = tiles + 2 * nc * MLW_CHUNK;  // [nc][MLW_QCHUNK]: Q^T, K-major
-    unsigned char* ps = qs + nc * MLW_QCHUNK;        // [MLW_N][128 bytes]: P^T, K-major
-    float* red = (float*)(ps + MLW_N * 128);         // [4 warps][MLW_HB]
+    const u32 tid = threadIdx.x, lane = tid % 32, wg = tid / 128, wr = tid / 32 % 4, g = lane / 4, t = lane % 4;
+    unsigned char* ps = qs + nc * MLW_QCHUNK + wg * MLW_N * 128;                 // [MLW_N][128 bytes]: P^T, K-major
+    float* red = (float*)(qs + nc * MLW_QCHUNK + WGS * MLW_N * 128) + wg * 64;  // [4 warps][MLW_HB]
     const MlaBlock B = mla_block(MLW_T, ctx, bt, bt_off, heads, groups, gsize, chunk);
-    const u32 tid = threadIdx.x, lane = tid % 32, wr = tid / 32, g = lane / 4, t = lane % 4;
     const u32 ntiles = (B.t_end - B.t_begin + MLW_T - 1) / MLW_T;
-    if (ntiles > 0) mlw_load(tiles, layer, B.table, B.t_begin, B.t_end, page, w);
+    if (ntiles > 0) mlw_load<WGS>(tiles, layer, B.table, B.t_begin, B.t_end, page, w);
     // Q^T while the first tile loads: granule j of head h's query as bf16 hi (row h) and lo
     // (row h + 16) parts; heads past the group are zero rows.
     for (u32 e = tid; e < MLW_HB * gw; e += blockDim.x) {
@@ -139,14 +145,14 @@ extern "C" __global__ void __launch_bounds__(128, 1) mla_decode_wg_bf16(const u1
     u32 hd[4];
 #pragma unroll
     for (int a = 0; a < 4; a++) hd[a] = 8 * (a / 2) + 2 * t + a % 2;
-    float m_run[4], l_run[4], o[8][16];
+    float m_run[4], l_run[4], o[MB][16];
 #pragma unroll
     for (int a = 0; a < 4; a++) {
         m_run[a] = -WEFT_INF;
         l_run[a] = 0.f;
     }
 #pragma unroll
-    for (int mb = 0; mb < 8; mb++)
+    for (int mb = 0; mb < MB; mb++)
 #pragma unroll
         for (int i = 0; i < 16; i++) o[mb][i] = 0.f;
 
@@ -157,7 +163,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mla_decode_wg_bf16(const u1
         fence_async_shared();
         __syncthreads();
         // The other buffer's last readers (the previous tile's products) are done: load ahead.
-        if (it + 1 < ntiles) mlw_load(tiles + ((it + 1) % 2) * nc * MLW_CHUNK, layer, B.table, base + MLW_T, B.t_end, page, w);
+        if (it + 1 < ntiles) mlw_load<WGS>(tiles + ((it + 1) % 2) * nc * MLW_CHUNK, layer, B.table, base + MLW_T, B.t_end, page, w);
         // (The first product ignores the accumulator: no other instruction defines it, so the
         // chain is not serialised.)
         float s[16];
@@ -204,7 +210,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mla_decode_wg_bf16(const u1
         for (int a = 0; a < 4; a++)
             if (corr[a] != 1.f)
 #pragma unroll
-                for (int mb = 0; mb < 8; mb++)
+                for (int mb = 0; mb < MB; mb++)
 #pragma unroll
                     for (int rr = 0; rr < 2; rr++) {
                         const int i = 4 * (a / 2) + 2 * rr + a % 2;
@@ -215,10 +221,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) mla_decode_wg_bf16(const u1
         __syncthreads();
         wg_fence();
 #pragma unroll
-        for (int mb = 0; mb < 8; mb++)
-            if ((u32)mb < nmb)
+        for (int mb = 0; mb < MB; mb++)
+            if (MB * wg + mb < nmb)
 #pragma unroll
-                for (int kk = 0; kk < 4; kk++) wgmma_n32_ss<1>(o[mb], wg_desc_mn(tile + mb * MLW_CHUNK + kk * 2048), wg_desc(ps + 32 * kk));
+                for (int kk = 0; kk < 4; kk++) wgmma_n32_ss<1>(o[mb], wg_desc_mn(tile + (MB * wg + mb) * MLW_CHUNK + kk * 2048), wg_desc(ps + 32 * kk));
         wg_commit();
         wg_wait<0>();
     }
@@ -242,16 +248,25 @@ extern "C" __global__ void __launch_bounds__(128, 1) mla_decode_wg_bf16(const u1
         if (hd[a] >= B.hg) continue;
         float* out = o_part + (part + (i64)hd[a] * nsplit) * latent;
 #pragma unroll
-        for (int mb = 0; mb < 8; mb++)
-            if ((u32)mb < nmb)
+        for (int mb = 0; mb < MB; mb++)
+            if (MB * wg + mb < nmb)
 #pragma unroll
                 for (int rr = 0; rr < 2; rr++) {
                     const int i = 4 * (a / 2) + 2 * rr + a % 2;
-                    out[64 * mb + 16 * wr + g + 8 * rr] = o[mb][i] + o[mb][i + 8];
+                    out[64 * (MB * wg + mb) + 16 * wr + g + 8 * rr] = o[mb][i] + o[mb][i + 8];
                 }
-        if (wr == 0 && g == 0) {
+        if (wg == 0 && wr == 0 && g == 0) {
             ml_part[(part + (i64)hd[a] * nsplit) * 2] = m_run[a];
             ml_part[(part + (i64)hd[a] * nsplit) * 2 + 1] = red[hd[a]] + red[MLW_HB + hd[a]] + red[2 * MLW_HB + hd[a]] + red[3 * MLW_HB + hd[a]];
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(128, 1) mla_decode_wg_bf16(const u16* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) {
+    WEFT_PDL_ENTRY();
+    mla_wg_body<1>(layer, q_lat, q_pe, bt, bt_off, ctx, o_part, ml_part, heads, groups, gsize, latent, rd, page, scale, chunk);
+}
+extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wg2_bf16(const u16* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) {
+    WEFT_PDL_ENTRY();
+    mla_wg_body<2>(layer, q_lat, q_pe, bt, bt_off, ctx, o_part, ml_part, heads, groups, gsize, latent, rd, page, scale, chunk);
 }

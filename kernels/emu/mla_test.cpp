@@ -8,7 +8,8 @@
 // also over a bf16 cache (`_bf16` entries; the reference reads the same rounded values); and
 // the grouped tensor-core kernels (mla_grouped.cu: 1, 2 or 4 m-tiles of 16 heads per block; the
 // one-query-part kernel against a reference with bf16-rounded queries); and the wgmma kernel
-// (mla_wgmma.cu: transposed products, the M-major value operand; wgmma emulated).
+// (mla_wgmma.cu: transposed products, the M-major value operand, one or two warpgroups; wgmma
+// emulated).
 // Exit status: the number of failing cases.
 #include "emu.h"
 #include "../weft_port.h"
@@ -48,11 +49,12 @@ int main() {
         {"mla_decode_mmg2w", mla_decode_mmg2w, 0, 512, 32, 16, 2, false}, {"mla_decode_mmg2w", mla_decode_mmg2w, 0, 512, 32, 16, 2, true},
         {"mla_decode_mmg4wq1_bf16", 0, mla_decode_mmg4wq1_bf16, 512, 32, 32, 4, false, true}, {"mla_decode_mmg4wq1_bf16", 0, mla_decode_mmg4wq1_bf16, 512, 32, 32, 4, true, true},
         {"mla_decode_wg_bf16", 0, mla_decode_wg_bf16, 128, 32, 64, 1, false}, {"mla_decode_wg_bf16", 0, mla_decode_wg_bf16, 128, 32, 64, 1, true},
+        {"mla_decode_wg2_bf16", 0, mla_decode_wg2_bf16, 256, 32, 64, 1, false}, {"mla_decode_wg2_bf16", 0, mla_decode_wg2_bf16, 256, 32, 64, 1, true},
     };
     const char* only = std::getenv("MLA_TEST_ONLY");  // a substring of the kernels' names to run
     for (const Variant& v : variants) {
     if (only && !std::strstr(v.name, only)) continue;
-    const bool mma = v.threads != 256, bf = v.k16 != 0;
+    const bool mma = v.k32 != mla_decode && v.k16 != mla_decode_bf16, bf = v.k16 != 0;
     const unsigned vlat = v.narrow ? 64 : 512, vrd = v.narrow ? 32 : 64, vpage = v.narrow ? 16 : 64;
     emu_warp = v.lanes;
     const unsigned latent = vlat, rd = vrd, w = latent + rd, page = vpage, n = 2500, n_pages = (n + page - 1) / page, T = v.tile;

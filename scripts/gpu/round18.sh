@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine (binaries from scripts/gpu/build_device.sh in .device/): round 18
 # (results/roofline-h200.md), MLA decode on warpgroup tensor cores (kernels/mla_wgmma.cu,
-# opt-in WEFT_CUDA_MLA_WGMMA=1) against the default kernels, same binary: the MLA GPU tests,
+# opt-in WEFT_CUDA_MLA_WGMMA=1 or 2 warpgroups) against the default kernels, same binary: the MLA GPU tests,
 # mla_bench at 64 × 4096 (bf16 cache, every head count, 1 and 2 query rows), and Moonlight end
 # to end over a bf16 cache, alternated ROUNDS times; PART (space-separated: tests bench e2e
 # ncu, default all) picks; ncu: Nsight Compute's throughput and scheduler sections of one launch
@@ -11,9 +11,9 @@ OUT=${OUT:-.device/out}; mkdir -p "$OUT"
 export WEFT_DEMO_MODEL=$PWD/models/demo
 R="$OUT/round18.md"; touch "$R"
 nvidia-smi --query-gpu=name --format=csv,noheader | tee -a "$R"
-SETS=("WEFT_X=1" "WEFT_CUDA_MLA_WGMMA=1")
+SETS=("WEFT_X=1" "WEFT_CUDA_MLA_WGMMA=1" "WEFT_CUDA_MLA_WGMMA=2")
 P=" ${PART:-tests bench e2e ncu} "
-[[ $P == *" tests "* ]] && for s in "${SETS[@]}"; do
+[[ $P == *" tests "* ]] && for s in "${SETS[@]:1}"; do
   echo "== cuda-kernels-test MLA ($s)" | tee -a "$R"
   env $s timeout 150 .device/cuda-kernels-test --test-threads 1 --nocapture ${KTESTS:-mla_ops_match_cpu mla_attention_head_counts} 2>&1 | grep -E "^test |test result|panicked|assert|worst|err" | tee -a "$R"
 done

@@ -215,6 +215,7 @@ pub const KERNELS: &[&str] = &[
     "mla_decode_mmg2w",
     "mla_decode_mmg4wq1_bf16",
     "mla_decode_wg_bf16",
+    "mla_decode_wg2_bf16",
     "mla_combine",
     "mla_flash_bf16",
     "dummy_bf16",
@@ -337,10 +338,10 @@ pub struct CudaBackend {
     /// A grouped kernel by name (`mla::MMG_KERNELS`) for every head count over its cache type
     /// (`WEFT_CUDA_MLA_MMG`), for measurements.
     pub mla_mmg: Option<&'static str>,
-    /// MLA decode over a bf16 cache on Hopper's warpgroup tensor cores (`mla_decode_wg_bf16`,
-    /// mla_wgmma.cu; sm_90a; 16 heads a block) where the layout fits. Opt-in
-    /// (`WEFT_CUDA_MLA_WGMMA=1`) until measured against the grouped kernels.
-    pub mla_wgmma: bool,
+    /// MLA decode over a bf16 cache on Hopper's warpgroup tensor cores (mla_wgmma.cu; sm_90a;
+    /// 16 heads a block) where the layout fits, with this many warpgroups a block. Opt-in
+    /// (`WEFT_CUDA_MLA_WGMMA=1` or `2`) until measured against the grouped kernels.
+    pub mla_wgmma: Option<usize>,
     /// Fewest activation rows the dense tensor-core kernels take (2; `WEFT_CUDA_MMA_MIN_M`).
     pub mma_min_m: usize,
     /// Most activation rows the dense tensor-core kernels take for bf16 / fp8 weights
@@ -606,6 +607,7 @@ impl CudaBackend {
             "moe_wg2_down_bf16",
             "mla_flash_bf16",
             "mla_decode_wg_bf16",
+            "mla_decode_wg2_bf16",
         ]
         .into_iter()
         .chain(mla::MMG_KERNELS.iter().map(|k| k.name))
@@ -681,7 +683,7 @@ impl CudaBackend {
             gemm_stack_max_m: std::env::var("WEFT_CUDA_GEMM_STACK_MAX_M").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
             mla_split_tiles: std::env::var("WEFT_CUDA_MLA_SPLIT_TILES").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1),
             mla_grouped: std::env::var("WEFT_CUDA_MLA_GROUPED").map_or(true, |v| v != "0"),
-            mla_wgmma: mma && arch == "sm_90a" && std::env::var("WEFT_CUDA_MLA_WGMMA").is_ok_and(|v| v == "1"),
+            mla_wgmma: std::env::var("WEFT_CUDA_MLA_WGMMA").ok().and_then(|v| v.parse().ok()).filter(|&n| (mma && arch == "sm_90a") && (n == 1 || n == 2)),
             mla_mmg: std::env::var("WEFT_CUDA_MLA_MMG").ok().and_then(|v| mla::MMG_KERNELS.iter().find(|k| k.name == v).map(|k| k.name)),
             mla_min_group: std::env::var("WEFT_CUDA_MLA_MIN_GROUP").ok().and_then(|v| v.parse().ok()).unwrap_or(8).max(1),
             mla_waves: std::env::var("WEFT_CUDA_MLA_WAVES").ok().and_then(|v| v.parse().ok()).unwrap_or(4).max(1),

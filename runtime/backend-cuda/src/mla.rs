@@ -71,17 +71,17 @@ struct MmaKernel {
     smem: usize,
 }
 
-/// `mla_decode_wg_bf16` (mla_wgmma.cu): one warpgroup, tiles of `MLW_T` tokens, 16 heads.
-const WG_NAME: &str = "mla_decode_wg_bf16";
+/// `mla_decode_wg_bf16` / `mla_decode_wg2_bf16` (mla_wgmma.cu): one or two warpgroups, tiles
+/// of `MLW_T` tokens, 16 heads.
+const WG_NAMES: [&str; 2] = ["mla_decode_wg_bf16", "mla_decode_wg2_bf16"];
 const WG_TILE: usize = 64;
-const WG_THREADS: usize = 128;
 
-/// `mla_decode_wg_bf16`'s shared memory for a cache row of `width` bf16 columns: alignment
-/// slack, two tiles and Q^T in 64-column chunks (64 and 32 rows of 128 bytes), P^T (32 rows of
-/// 128 bytes), the per-warp maxima (4 × 16 floats).
-fn wg_smem(width: usize) -> usize {
+/// The wgmma kernel's shared memory for a cache row of `width` bf16 columns and `groups`
+/// warpgroups: alignment slack, two tiles and Q^T in 64-column chunks (64 and 32 rows of 128
+/// bytes), per warpgroup P^T (32 rows of 128 bytes) and the per-warp maxima (4 × 16 floats).
+fn wg_smem(width: usize, groups: usize) -> usize {
     let chunks = width.div_ceil(64);
-    1024 + 2 * chunks * WG_TILE * 128 + chunks * 32 * 128 + 32 * 128 + 4 * 16 * 4
+    1024 + 2 * chunks * WG_TILE * 128 + chunks * 32 * 128 + groups * (32 * 128 + 4 * 16 * 4)
 }
 
 /// A grouped tensor-core kernel (`WEFT_MLA_MMG` in mla_grouped.cu): its cache type, tile
@@ -159,8 +159,8 @@ impl CudaBackend {
     /// score warps over several n-tiles) where their shared memory fits and they were measured
     /// faster (every bf16 shape; f32 beyond 16 heads), else `mla_decode_mma` (one m-tile per
     /// block). `WEFT_CUDA_MLA_GROUPED=0`: `mla_decode_mma` always; `WEFT_CUDA_MLA_MMG`: one
-    /// grouped kernel by name for every head count. `WEFT_CUDA_MLA_WGMMA=1` (sm_90a, bf16
-    /// cache, latent a multiple of 64): `mla_decode_wg_bf16` before all of them.
+    /// grouped kernel by name for every head count. `WEFT_CUDA_MLA_WGMMA=1` / `2` (sm_90a, bf16
+    /// cache, latent a multiple of 64): `mla_decode_wg_bf16` / `_wg2_` before all of them.
     fn mla_mma_kernel(&self, pool: &CudaKvPool, heads: usize) -> Option<MmaKernel> {
         if !self.mla_mma_fits(pool) {
             return None;
@@ -171,7 +171,7 @@ impl CudaBackend {
         let single = MmaKernel { name: one, tile: MMA_TILE, m_tiles: 1, threads, smem: Self::mla_mma_smem(w, MMA_TILE, MMA_WARPS, bf) };
         // Hopper's warpgroup kernel where asked: a bf16 cache whose latent columns fill whole
         // 64-column value tiles.
-        let wg = (self.mla_wgmma && bf && pool.layout.latent_dim % 64 == 0).then(|| MmaKernel { name: WG_NAME, tile: WG_TILE, m_tiles: 1, threads: WG_THREADS, smem: wg_smem(w) });
+        let wg = self.mla_wgmma.filter(|_| bf && pool.layout.latent_dim % 64 == 0).map(|n| MmaKernel { name: WG_NAMES[n - 1], tile: WG_TILE, m_tiles: 1, threads: 128 * n, smem: wg_smem(w, n) });
         let grouped = match (self.mla_mmg, bf) {
             (Some(name), _) if mmg_spec(name).bf16 == bf => Some(name),
             _ if !self.mla_grouped => None,
