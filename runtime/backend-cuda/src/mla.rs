@@ -282,6 +282,19 @@ mod tests {
         assert_eq!(super::head_groups(128), (8, 16));
     }
 
+    /// The wgmma kernels' layout (two 64-token tiles of the DeepSeek-V3 / Kimi width, Q^T, per
+    /// warpgroup P^T and maxima) must fit Hopper's 227 KB of opt-in shared memory, or
+    /// `mla_mma_kernel` would pass them over for the grouped kernels without a word.
+    #[test]
+    fn wgmma_kernels_fit_hopper_shared_memory() {
+        const HOPPER_OPTIN: usize = 232_448;
+        assert_eq!(super::wg_smem(576, 1), 1024 + 2 * 9 * 8192 + 9 * 4096 + 4096 + 256);
+        for groups in [1, 2] {
+            assert!(super::wg_smem(576, groups) <= HOPPER_OPTIN, "{groups} warpgroups: {} bytes", super::wg_smem(576, groups));
+        }
+        assert_eq!(super::wg_smem(96, 2) - super::wg_smem(96, 1), 32 * 128 + 256);
+    }
+
     #[test]
     fn tensor_core_splits_fill_whole_waves() {
         assert_eq!(super::mma_splits(64, 129, 132), 2);
