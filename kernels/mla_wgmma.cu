@@ -39,6 +39,9 @@ __device__ __forceinline__ u64 wg_desc_mn(const void* p) {
     const u32 a = (u32)__cvta_generic_to_shared(p);
     return (u64)((a & 0x3ffffu) >> 4) | ((u64)(MLW_CHUNK >> 4) << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
 }
+// A descriptor of the operand `bytes` further on (the start address field is in 16-byte units;
+// shared addresses stay below 256 KB, so the field does not overflow into the next).
+__device__ __forceinline__ u64 wg_desc_add(u64 desc, u32 bytes) { return desc + (bytes >> 4); }
 // d (64 x 32) += A (64 x 16 at da; TA = 1: M-major) x B (32 rows x 16 at db, K-major).
 template <int TA>
 __device__ __forceinline__ void wgmma_n32_ss(float (&d)[16], u64 da, u64 db) {
@@ -62,6 +65,7 @@ __device__ __forceinline__ void wgmma_n32_ss_first(float (&d)[16], u64 da, u64 d
 }
 #elif defined(WEFT_EMU)
 __device__ __forceinline__ u64 wg_desc_mn(const void* p) { return (u64)(uintptr_t)p; }
+__device__ __forceinline__ u64 wg_desc_add(u64 desc, u32 bytes) { return desc + bytes; }
 template <int TA>
 __device__ __forceinline__ void wgmma_n32_ss(float (&d)[16], u64 da, u64 db) { emu_wgmma_n32_ss(d, da, db, TA); }
 __device__ __forceinline__ void wgmma_n32_ss_first(float (&d)[16], u64 da, u64 db) {
@@ -70,6 +74,7 @@ __device__ __forceinline__ void wgmma_n32_ss_first(float (&d)[16], u64 da, u64 d
 }
 #else
 __device__ __forceinline__ u64 wg_desc_mn(const void*) { return 0; }
+__device__ __forceinline__ u64 wg_desc_add(u64 desc, u32) { return desc; }
 template <int TA>
 __device__ __forceinline__ void wgmma_n32_ss(float (&)[16], u64, u64) { WG_TRAP(); }
 __device__ __forceinline__ void wgmma_n32_ss_first(float (&)[16], u64, u64) { WG_TRAP(); }
@@ -118,6 +123,7 @@ __device__ __forceinline__ void mla_wg_body(const u16* layer, const float* q_lat
     const u32 tid = threadIdx.x, lane = tid % 32, wg = tid / 128, wr = tid / 32 % 4, g = lane / 4, t = lane % 4;
     unsigned char* ps = qs + nc * MLW_QCHUNK + wg * MLW_N * 128;                 // [MLW_N][128 bytes]: P^T, K-major
     float* red = (float*)(qs + nc * MLW_QCHUNK + WGS * MLW_N * 128) + wg * 64;  // [4 warps][MLW_HB]
+    const u64 dq = wg_desc(qs), dp = wg_desc(ps);
     const MlaBlock B = mla_block(MLW_T, ctx, bt, bt_off, heads, groups, gsize, chunk);
     const u32 ntiles = (B.t_end - B.t_begin + MLW_T - 1) / MLW_T;
     if (ntiles > 0) mlw_load<WGS>(tiles, layer, B.table, B.t_begin, B.t_end, page, w);
@@ -166,10 +172,20 @@ __device__ __forceinline__ void mla_wg_body(const u16* layer, const float* q_lat
         if (it + 1 < ntiles) mlw_load<WGS>(tiles + ((it + 1) % 2) * nc * MLW_CHUNK, layer, B.table, base + MLW_T, B.t_end, page, w);
         // (The first product ignores the accumulator: no other instruction defines it, so the
         // chain is not serialised.)
+        // (Descriptors as a base plus offsets: the address arithmetic is most of what a warp
+        // issues between products.)
         float s[16];
+        const u64 dt = wg_desc(tile), dtv = wg_desc_mn(tile);
         wg_fence();
-        wgmma_n32_ss_first(s, wg_desc(tile), wg_desc(qs));
-        for (u32 k = 1; k < nks; k++) wgmma_n32_ss<0>(s, wg_desc(tile + (k / 4) * MLW_CHUNK + 32 * (k % 4)), wg_desc(qs + (k / 4) * MLW_QCHUNK + 32 * (k % 4)));
+        wgmma_n32_ss_first(s, dt, dq);
+        u32 k = 1;
+        for (; k % 4 != 0 && k < nks; k++) wgmma_n32_ss<0>(s, wg_desc_add(dt, 32 * k), wg_desc_add(dq, 32 * k));
+        for (; k + 4 <= nks; k += 4) {  // whole 64-column chunks: 16-column steps 32 bytes apart
+            const u64 a = wg_desc_add(dt, k / 4 * MLW_CHUNK), b = wg_desc_add(dq, k / 4 * MLW_QCHUNK);
+#pragma unroll
+            for (int j = 0; j < 4; j++) wgmma_n32_ss<0>(s, wg_desc_add(a, 32 * j), wg_desc_add(b, 32 * j));
+        }
+        for (; k < nks; k++) wgmma_n32_ss<0>(s, wg_desc_add(dt, k / 4 * MLW_CHUNK + 32 * (k % 4)), wg_desc_add(dq, k / 4 * MLW_QCHUNK + 32 * (k % 4)));
         wg_commit();
         wg_wait<0>();
         // Scores of this thread's heads at tokens 16wr + g (rr = 0) and + 8 (rr = 1).
@@ -224,7 +240,7 @@ __device__ __forceinline__ void mla_wg_body(const u16* layer, const float* q_lat
         for (int mb = 0; mb < MB; mb++)
             if (MB * wg + mb < nmb)
 #pragma unroll
-                for (int kk = 0; kk < 4; kk++) wgmma_n32_ss<1>(o[mb], wg_desc_mn(tile + (MB * wg + mb) * MLW_CHUNK + kk * 2048), wg_desc(ps + 32 * kk));
+                for (int kk = 0; kk < 4; kk++) wgmma_n32_ss<1>(o[mb], wg_desc_add(dtv, (MB * wg + mb) * MLW_CHUNK + kk * 2048), wg_desc_add(dp, 32 * kk));
         wg_commit();
         wg_wait<0>();
     }
