@@ -9,8 +9,8 @@
 // in h + 16; a head's score is the sum of its two columns, the f32 queries' precision as in
 // every decode path); values O^T (latent x 32) += V^T (the tile's latent columns, read
 // transposed: "M-major") · P^T, the softmax weights again as hi / lo parts in columns h, h + 16.
-// Both operands of both products are read by the tensor cores from shared memory (one
-// warpgroup, no fragment loads). The cache tile is copied once (cp.async, one tile ahead) in
+// Both operands of both products are read by the tensor cores from shared memory (no
+// fragment loads; one or two warpgroups a block, below). The cache tile is copied once (cp.async, one tile ahead) in
 // the 128-byte swizzle: 64-column chunks of 64 rows x 128 bytes, 16-byte granule c of row r at
 // c ^ (r % 8) — K-major for the scores, M-major for the values, one layout.
 //
