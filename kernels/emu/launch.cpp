@@ -12,6 +12,7 @@
 #include "../moe_wgmma.cu"
 #include "../mla.cu"
 #include "../mla_grouped.cu"
+#include "../mla_wgmma.cu"
 #include "../mla_flash.cu"
 #include "../dummy.cu"
 #include "../sample.cu"
