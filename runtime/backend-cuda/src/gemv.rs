@@ -36,6 +36,14 @@ const MMA_SPLIT_FLOATS: usize = 8192;
 const MMA_SPLIT_FLOATS_WIDE: usize = 32768;
 /// Index of the 64-row pass in the kernel tables (bf16 weights only).
 const WIDE: usize = 3;
+/// Most sub-groups a block of the 64-row pass holds (its reduction buffer).
+const WIDE_SUB_GROUPS: usize = MMA_SPLIT_FLOATS_WIDE / (256 << WIDE);
+
+/// Dynamic shared bytes of a 64-row-pass block of `sub_groups` sub-groups over `ub` units: the
+/// sub-groups' sums, and in a cluster the block's partial sums of each unit.
+fn wide_smem(sub_groups: usize, ub: usize, clustered: bool) -> usize {
+    (sub_groups + if clustered { ub } else { 0 }) * (256 << WIDE) * 4
+}
 /// Weight rows per sub-group in the dense tensor-core kernels (two 16-row tiles).
 const MMA_UNIT: usize = 32;
 /// The 64-row pass by cluster size 1, 2, 4, 8 (plain, gated).
@@ -111,8 +119,8 @@ pub(crate) fn schedulable_cluster(
     let mut cl = 1usize << max.clamp(1, 8).ilog2();
     while cl > 1 {
         let name = GEMV_MMA_WIDE[cl.trailing_zeros() as usize][0];
-        let warps = 1usize << (max_threads[name] / 32).clamp(1, MMA_SPLIT_FLOATS_WIDE / (256 << WIDE)).ilog2();
-        let smem = ((warps + 4) * (256 << WIDE) * 4).min(smem_optin);
+        let warps = 1usize << (max_threads[name] / 32).clamp(1, WIDE_SUB_GROUPS).ilog2();
+        let smem = wide_smem(warps, 4, true).min(smem_optin);
         let cfg = sys::CUlaunchConfig {
             gridDimX: 1,
             gridDimY: cl as u32,
@@ -333,8 +341,8 @@ impl CudaBackend {
         }
         let cl = mma_cluster_size(units / ub, chunks, self.num_sms, self.mma_cluster);
         let kernel = GEMV_MMA_WIDE[cl.trailing_zeros() as usize][gated as usize];
-        let split = mma_split(units * cl, chunks.div_ceil(cl), WIDE, self.num_sms, self.max_threads[kernel] / ub).min(MMA_SPLIT_FLOATS_WIDE / (256 << WIDE) / ub);
-        let smem = (ub * split + if cl > 1 { ub } else { 0 }) * (256 << WIDE) * 4;
+        let split = mma_split(units * cl, chunks.div_ceil(cl), WIDE, self.num_sms, self.max_threads[kernel] / ub).min(WIDE_SUB_GROUPS / ub);
+        let smem = wide_smem(ub * split, ub, cl > 1);
         let cfg = LaunchConfig { grid_dim: ((units / ub) as u32, cl as u32, 1), block_dim: (32 * (ub * split) as u32, 1, 1), shared_mem_bytes: smem as u32 };
         (kernel, cfg, Some(ub as u32))
     }

@@ -466,8 +466,7 @@ fn unavailable(reason: String) -> BackendError {
     BackendError::Unavailable { backend: BACKEND, reason }
 }
 
-/// 90 for "sm_90a", 100 for "sm_100a"; 0 for anything else.
-#[cfg(feature = "cuda")]
+/// 90 for "sm_90a", 100 for "sm_100a"; 0 for anything else (AMD's gfx targets).
 fn arch_number(arch: &str) -> u32 {
     arch.strip_prefix("sm_").map_or(0, |a| a.trim_end_matches(|c: char| c.is_ascii_alphabetic()).parse().unwrap_or(0))
 }
@@ -617,8 +616,7 @@ impl CudaBackend {
         }
         // Clusters for the 64-row pass: sm_90 and later, as large as asked (default 4) and the
         // device can schedule.
-        let clusters = arch.strip_prefix("sm_").and_then(|v| v.trim_end_matches('a').parse::<u32>().ok()).is_some_and(|v| v >= 90);
-        let mma_cluster = if clusters { std::env::var("WEFT_CUDA_MMA_CLUSTER").ok().and_then(|v| v.parse().ok()).unwrap_or(4).clamp(1, 8) } else { 1 };
+        let mma_cluster = if arch_number(arch) >= 90 { std::env::var("WEFT_CUDA_MMA_CLUSTER").ok().and_then(|v| v.parse().ok()).unwrap_or(4).clamp(1, 8) } else { 1 };
         #[cfg(feature = "cuda")]
         let mma_cluster = if mma_cluster > 1 { gemv::schedulable_cluster(&funcs, &max_threads, smem_optin, mma_cluster) } else { 1 };
         // A stream of the backend's own (the legacy default stream cannot be captured into a
