@@ -22,10 +22,10 @@ pub const MMA_MAX_M: usize = 64;
 /// 32 rows a bf16 matrix goes to cuBLAS: there each activation is re-read by every 32-row block
 /// and the weights once per 32-row pass, and at 64 rows cuBLAS's two bf16 passes (plus the
 /// split cast) take 15–29 µs where these took 20–45 µs per Moonlight projection; the step at
-/// batch 64 went 21.4 → 19.5 ms (results/roofline-h200.md, round 7). Since then 33–64 rows of
-/// bf16 take one pass (`gemv_mma_bf16_n8`, optionally over clusters: `mma_launch`), not yet
-/// measured against cuBLAS, so the bound stays at 32 (`WEFT_CUDA_MMA_MAX_M=64` for the A/B,
-/// scripts/gpu/round17.sh). fp8 weights keep them up to 64: cuBLAS would first write a bf16
+/// batch 64 went 21.4 → 19.5 ms (results/roofline-h200.md, round 7). The one-pass 64-row kernel
+/// (`gemv_mma_bf16_n8`, optionally over clusters: `mma_launch`; `WEFT_CUDA_MMA_MAX_M=64`) lost
+/// to cuBLAS too (round 17, H100: batch 64 17.72 against 17.18 ms; it wins only on the per-head
+/// matrices), so the bound stays at 32. fp8 weights keep them up to 64: cuBLAS would first write a bf16
 /// copy (batch-64 Kimi slice 30.7 → 32.7 ms when moved).
 pub const MMA_DEFAULT_MAX_M: [usize; 2] = [32, MMA_MAX_M];
 /// Floats of the dense tensor-core kernels' shared reduction buffer (`MMA_SPLIT_FLOATS`): a
