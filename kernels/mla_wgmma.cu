@@ -109,9 +109,10 @@ __device__ __forceinline__ void mlw_load(unsigned char* tile, const u16* layer, 
 // Element k (a token) of row n of P^T: 128-byte rows, granule k / 8 at (k / 8) ^ (n % 8).
 __device__ __forceinline__ u16* mlw_p_at(unsigned char* ps, u32 n, u32 k) { return (u16*)(ps + n * 128 + ((k / 8) ^ (n % 8)) * 16 + (k % 8) * 2); }
 
-// WGS warpgroups a block: each computes the tile's scores and softmax (the same values: no
-// exchange between them) and the values of latent columns [512 / WGS · wg, …) — with two, half
-// the accumulators and rescales each, and two warps per scheduler to hide each other's waits.
+// WGS warpgroups a block: each computes the scores over 1 / WGS of the width, the partial sums
+// meet in shared memory, each then runs the same softmax, and the values of latent columns
+// [512 / WGS · wg, …) — with two, half the products, accumulators and rescales each, and two
+// warps per scheduler to hide each other's waits.
 template <int WGS>
 __device__ __forceinline__ void mla_wg_body(const u16* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) {
     constexpr int MB = 8 / WGS;  // 64-column value tiles per warpgroup
@@ -123,7 +124,10 @@ __device__ __forceinline__ void mla_wg_body(const u16* layer, const float* q_lat
     const u32 tid = threadIdx.x, lane = tid % 32, wg = tid / 128, wr = tid / 32 % 4, g = lane / 4, t = lane % 4;
     unsigned char* ps = qs + nc * MLW_QCHUNK + wg * MLW_N * 128;                 // [MLW_N][128 bytes]: P^T, K-major
     float* red = (float*)(qs + nc * MLW_QCHUNK + WGS * MLW_N * 128) + wg * 64;  // [4 warps][MLW_HB]
+    float* xs = (float*)(qs + nc * MLW_QCHUNK + WGS * (MLW_N * 128 + 256));         // [WGS][16][128]: partial scores
     const u64 dq = wg_desc(qs), dp = wg_desc(ps);
+    // The 16-column steps of the score product this warpgroup takes: all, or half with two.
+    const u32 k0 = wg * nks / WGS, k1 = (wg + 1) * nks / WGS;
     const MlaBlock B = mla_block(MLW_T, ctx, bt, bt_off, heads, groups, gsize, chunk);
     const u32 ntiles = (B.t_end - B.t_begin + MLW_T - 1) / MLW_T;
     if (ntiles > 0) mlw_load<WGS>(tiles, layer, B.table, B.t_begin, B.t_end, page, w);
@@ -177,17 +181,27 @@ __device__ __forceinline__ void mla_wg_body(const u16* layer, const float* q_lat
         float s[16];
         const u64 dt = wg_desc(tile), dtv = wg_desc_mn(tile);
         wg_fence();
-        wgmma_n32_ss_first(s, dt, dq);
-        u32 k = 1;
-        for (; k % 4 != 0 && k < nks; k++) wgmma_n32_ss<0>(s, wg_desc_add(dt, 32 * k), wg_desc_add(dq, 32 * k));
-        for (; k + 4 <= nks; k += 4) {  // whole 64-column chunks: 16-column steps 32 bytes apart
+        auto at = [](u32 k, u32 chunk) { return k / 4 * chunk + 32 * (k % 4); };
+        wgmma_n32_ss_first(s, wg_desc_add(dt, at(k0, MLW_CHUNK)), wg_desc_add(dq, at(k0, MLW_QCHUNK)));
+        u32 k = k0 + 1;
+        for (; k % 4 != 0 && k < k1; k++) wgmma_n32_ss<0>(s, wg_desc_add(dt, at(k, MLW_CHUNK)), wg_desc_add(dq, at(k, MLW_QCHUNK)));
+        for (; k + 4 <= k1; k += 4) {  // whole 64-column chunks: 16-column steps 32 bytes apart
             const u64 a = wg_desc_add(dt, k / 4 * MLW_CHUNK), b = wg_desc_add(dq, k / 4 * MLW_QCHUNK);
 #pragma unroll
             for (int j = 0; j < 4; j++) wgmma_n32_ss<0>(s, wg_desc_add(a, 32 * j), wg_desc_add(b, 32 * j));
         }
-        for (; k < nks; k++) wgmma_n32_ss<0>(s, wg_desc_add(dt, k / 4 * MLW_CHUNK + 32 * (k % 4)), wg_desc_add(dq, k / 4 * MLW_QCHUNK + 32 * (k % 4)));
+        for (; k < k1; k++) wgmma_n32_ss<0>(s, wg_desc_add(dt, at(k, MLW_CHUNK)), wg_desc_add(dq, at(k, MLW_QCHUNK)));
         wg_commit();
         wg_wait<0>();
+        if constexpr (WGS == 2) {
+            // Each warpgroup's half of the reduction through shared memory: both then hold the
+            // same sums (a + b and b + a are the same float), hence the same weights.
+#pragma unroll
+            for (int i = 0; i < 16; i++) xs[(wg * 16 + i) * 128 + tid % 128] = s[i];
+            __syncthreads();
+#pragma unroll
+            for (int i = 0; i < 16; i++) s[i] += xs[((1 - wg) * 16 + i) * 128 + tid % 128];
+        }
         // Scores of this thread's heads at tokens 16wr + g (rr = 0) and + 8 (rr = 1).
         float v[4][2], mx[4];
 #pragma unroll

@@ -35,7 +35,7 @@ json.dump(c, open('$MOON_MTP/config.json', 'w'), indent=1)"
 
 start() { # port log model-args... ; sets PID
     local port=$1 log=$2; shift 2
-    .device/weft serve --backend cuda --port "$port" --kv-memory-fraction 0.8 --max-sequences 128 --token-budget 2048 "$@" > "$log" 2>&1 &
+    .device/weft serve --backend cuda --port "$port" --kv-memory-fraction 0.8 --max-sequences 128 --token-budget 2048 ${SERVE_ARGS:-} "$@" > "$log" 2>&1 &
     PID=$!
     for _ in $(seq 1 240); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && return 0; sleep 0.5; done
     echo "server on $port did not come up:"; tail -5 "$log"; return 1

@@ -78,10 +78,12 @@ const WG_TILE: usize = 64;
 
 /// The wgmma kernel's shared memory for a cache row of `width` bf16 columns and `groups`
 /// warpgroups: alignment slack, two tiles and Q^T in 64-column chunks (64 and 32 rows of 128
-/// bytes), per warpgroup P^T (32 rows of 128 bytes) and the per-warp maxima (4 × 16 floats).
+/// bytes), per warpgroup P^T (32 rows of 128 bytes) and the per-warp maxima (4 × 16 floats),
+/// and with two warpgroups each one's partial scores (16 floats a thread).
 fn wg_smem(width: usize, groups: usize) -> usize {
     let chunks = width.div_ceil(64);
-    1024 + 2 * chunks * WG_TILE * 128 + chunks * 32 * 128 + groups * (32 * 128 + 4 * 16 * 4)
+    let partial_scores = if groups > 1 { groups * 16 * 128 * 4 } else { 0 };
+    1024 + 2 * chunks * WG_TILE * 128 + chunks * 32 * 128 + groups * (32 * 128 + 4 * 16 * 4) + partial_scores
 }
 
 /// A grouped tensor-core kernel (`WEFT_MLA_MMG` in mla_grouped.cu): its cache type, tile
@@ -292,7 +294,7 @@ mod tests {
         for groups in [1, 2] {
             assert!(super::wg_smem(576, groups) <= HOPPER_OPTIN, "{groups} warpgroups: {} bytes", super::wg_smem(576, groups));
         }
-        assert_eq!(super::wg_smem(96, 2) - super::wg_smem(96, 1), 32 * 128 + 256);
+        assert_eq!(super::wg_smem(96, 2) - super::wg_smem(96, 1), 32 * 128 + 256 + 2 * 16 * 128 * 4);
     }
 
     #[test]
