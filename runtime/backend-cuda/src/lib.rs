@@ -339,9 +339,13 @@ pub struct CudaBackend {
     /// (`WEFT_CUDA_MLA_MMG`), for measurements.
     pub mla_mmg: Option<&'static str>,
     /// MLA decode over a bf16 cache on Hopper's warpgroup tensor cores (mla_wgmma.cu; sm_90a;
-    /// 16 heads a block) where the layout fits, with this many warpgroups a block. Opt-in
-    /// (`WEFT_CUDA_MLA_WGMMA=1` or `2`) until measured against the grouped kernels.
+    /// 16 heads a block) where the layout fits, with this many warpgroups a block, for at most
+    /// `mla_wgmma_max_heads` heads. Default: two warpgroups up to 32 heads (measured faster
+    /// than the grouped kernels there, slower at 64: results round 19). `WEFT_CUDA_MLA_WGMMA=0`
+    /// never; `=1` / `=2` that many warpgroups for every head count, for measurements.
     pub mla_wgmma: Option<usize>,
+    /// Most heads a row `mla_wgmma` takes (`mla::WG_DEFAULT_MAX_HEADS`; any when set).
+    pub mla_wgmma_max_heads: usize,
     /// Fewest activation rows the dense tensor-core kernels take (2; `WEFT_CUDA_MMA_MIN_M`).
     pub mma_min_m: usize,
     /// Most activation rows the dense tensor-core kernels take for bf16 / fp8 weights
@@ -647,6 +651,7 @@ impl CudaBackend {
         let slow_paths = std::env::var("WEFT_CUDA_SLOW").is_ok_and(|v| v == "1");
         // The tensor-core kernels are NVIDIA's `mma.sync` (trap stubs on HIP).
         let mma = !HIP && std::env::var("WEFT_CUDA_MMA").map_or(true, |v| v != "0");
+        let wgmma_setting: Option<usize> = std::env::var("WEFT_CUDA_MLA_WGMMA").ok().and_then(|v| v.parse().ok());
         #[cfg(feature = "cuda")]
         let arena = (arch_number(arch) >= 90 && std::env::var("WEFT_CUDA_PDL").map_or(true, |v| v != "0")).then(|| pdl::RecordingArena::new(&ctx)).transpose()?;
         Ok(CudaBackend {
@@ -681,7 +686,8 @@ impl CudaBackend {
             gemm_stack_max_m: std::env::var("WEFT_CUDA_GEMM_STACK_MAX_M").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
             mla_split_tiles: std::env::var("WEFT_CUDA_MLA_SPLIT_TILES").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1),
             mla_grouped: std::env::var("WEFT_CUDA_MLA_GROUPED").map_or(true, |v| v != "0"),
-            mla_wgmma: std::env::var("WEFT_CUDA_MLA_WGMMA").ok().and_then(|v| v.parse().ok()).filter(|&n| (mma && arch == "sm_90a") && (n == 1 || n == 2)),
+            mla_wgmma: wgmma_setting.map_or(Some(2), |n| Some(n).filter(|&n| n == 1 || n == 2)).filter(|_| mma && arch == "sm_90a"),
+            mla_wgmma_max_heads: if wgmma_setting.is_some() { usize::MAX } else { mla::WG_DEFAULT_MAX_HEADS },
             mla_mmg: std::env::var("WEFT_CUDA_MLA_MMG").ok().and_then(|v| mla::MMG_KERNELS.iter().find(|k| k.name == v).map(|k| k.name)),
             mla_min_group: std::env::var("WEFT_CUDA_MLA_MIN_GROUP").ok().and_then(|v| v.parse().ok()).unwrap_or(8).max(1),
             mla_waves: std::env::var("WEFT_CUDA_MLA_WAVES").ok().and_then(|v| v.parse().ok()).unwrap_or(4).max(1),

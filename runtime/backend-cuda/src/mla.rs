@@ -75,6 +75,9 @@ struct MmaKernel {
 /// of `MLW_T` tokens, 16 heads.
 const WG_NAMES: [&str; 2] = ["mla_decode_wg_bf16", "mla_decode_wg2_bf16"];
 const WG_TILE: usize = 64;
+/// Most heads the wgmma kernel takes by default: up to 32 (one or two blocks of 16 a row) it
+/// beat the grouped kernels, at 64 (four blocks, each reading the tile) it lost (round 19).
+pub(crate) const WG_DEFAULT_MAX_HEADS: usize = 2 * HEAD_GROUP;
 
 /// The wgmma kernel's shared memory for a cache row of `width` bf16 columns and `groups`
 /// warpgroups: alignment slack, two tiles and Q^T in 64-column chunks (64 and 32 rows of 128
@@ -161,8 +164,10 @@ impl CudaBackend {
     /// score warps over several n-tiles) where their shared memory fits and they were measured
     /// faster (every bf16 shape; f32 beyond 16 heads), else `mla_decode_mma` (one m-tile per
     /// block). `WEFT_CUDA_MLA_GROUPED=0`: `mla_decode_mma` always; `WEFT_CUDA_MLA_MMG`: one
-    /// grouped kernel by name for every head count. `WEFT_CUDA_MLA_WGMMA=1` / `2` (sm_90a, bf16
-    /// cache, latent a multiple of 64): `mla_decode_wg_bf16` / `_wg2_` before all of them.
+    /// grouped kernel by name for every head count. Before all of them on sm_90a over a bf16
+    /// cache whose latent is a multiple of 64: `mla_decode_wg2_bf16` up to
+    /// `WG_DEFAULT_MAX_HEADS` heads (`WEFT_CUDA_MLA_WGMMA=0`: never; `=1` / `=2`:
+    /// `mla_decode_wg_bf16` / `_wg2_` for every head count).
     fn mla_mma_kernel(&self, pool: &CudaKvPool, heads: usize) -> Option<MmaKernel> {
         if !self.mla_mma_fits(pool) {
             return None;
@@ -173,7 +178,13 @@ impl CudaBackend {
         let single = MmaKernel { name: one, tile: MMA_TILE, m_tiles: 1, threads, smem: Self::mla_mma_smem(w, MMA_TILE, MMA_WARPS, bf) };
         // Hopper's warpgroup kernel where asked: a bf16 cache whose latent columns fill whole
         // 64-column value tiles.
-        let wg = self.mla_wgmma.filter(|_| bf && pool.layout.latent_dim % 64 == 0).map(|n| MmaKernel { name: WG_NAMES[n - 1], tile: WG_TILE, m_tiles: 1, threads: 128 * n, smem: wg_smem(w, n) });
+        let wg = self.mla_wgmma.filter(|_| bf && pool.layout.latent_dim % 64 == 0 && heads <= self.mla_wgmma_max_heads).map(|n| MmaKernel {
+            name: WG_NAMES[n - 1],
+            tile: WG_TILE,
+            m_tiles: 1,
+            threads: 128 * n,
+            smem: wg_smem(w, n),
+        });
         let grouped = match (self.mla_mmg, bf) {
             (Some(name), _) if mmg_spec(name).bf16 == bf => Some(name),
             _ if !self.mla_grouped => None,
