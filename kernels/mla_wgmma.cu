@@ -106,6 +106,17 @@ __device__ __forceinline__ void mlw_load(unsigned char* tile, const u16* layer, 
     cp_async_commit();
 }
 
+// Tokens base..base + 63's rows on their way into L2 (one bulk prefetch a row, threads 0–63,
+// no wait): issued a tile ahead of the tile's copy into shared memory, so that two tiles are
+// in flight from DRAM while shared memory holds only two (a third does not fit beside Q^T).
+// Opt-in until measured: WEFT_CUDA_KERNEL_DEFINES=WEFT_MLA_WG_PREFETCH.
+__device__ __forceinline__ void mlw_prefetch(const u16* layer, const u32* table, u32 base, u32 end, u32 page, u32 w) {
+#ifdef WEFT_MLA_WG_PREFETCH
+    const u32 tok = base + threadIdx.x;
+    if (threadIdx.x < MLW_T && tok < end) weft_prefetch_l2(layer + ((i64)table[tok / page] * page + tok % page) * w, 2 * w);
+#endif
+}
+
 // Element k (a token) of row n of P^T: 128-byte rows, granule k / 8 at (k / 8) ^ (n % 8).
 __device__ __forceinline__ u16* mlw_p_at(unsigned char* ps, u32 n, u32 k) { return (u16*)(ps + n * 128 + ((k / 8) ^ (n % 8)) * 16 + (k % 8) * 2); }
 
@@ -131,6 +142,7 @@ __device__ __forceinline__ void mla_wg_body(const u16* layer, const float* q_lat
     const MlaBlock B = mla_block(MLW_T, ctx, bt, bt_off, heads, groups, gsize, chunk);
     const u32 ntiles = (B.t_end - B.t_begin + MLW_T - 1) / MLW_T;
     if (ntiles > 0) mlw_load<WGS>(tiles, layer, B.table, B.t_begin, B.t_end, page, w);
+    if (ntiles > 1) mlw_prefetch(layer, B.table, B.t_begin + MLW_T, B.t_end, page, w);
     // Q^T while the first tile loads: granule j of head h's query as bf16 hi (row h) and lo
     // (row h + 16) parts; heads past the group are zero rows.
     for (u32 e = tid; e < MLW_HB * gw; e += blockDim.x) {
@@ -174,6 +186,7 @@ __device__ __forceinline__ void mla_wg_body(const u16* layer, const float* q_lat
         __syncthreads();
         // The other buffer's last readers (the previous tile's products) are done: load ahead.
         if (it + 1 < ntiles) mlw_load<WGS>(tiles + ((it + 1) % 2) * nc * MLW_CHUNK, layer, B.table, base + MLW_T, B.t_end, page, w);
+        if (it + 2 < ntiles) mlw_prefetch(layer, B.table, base + 2 * MLW_T, B.t_end, page, w);
         // (The first product ignores the accumulator: no other instruction defines it, so the
         // chain is not serialised.)
         // (Descriptors as a base plus offsets: the address arithmetic is most of what a warp
