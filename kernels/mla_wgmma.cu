@@ -22,9 +22,10 @@
 // sums of its own weights, added up once at the end.
 //
 // Same inputs, launch grid (block = row · groups + group, y = split), partial outputs and merge
-// (mla_combine) as mla_decode_mma; the host (src/mla.rs) takes it where asked
-// (`WEFT_CUDA_MLA_WGMMA=1`: one warpgroup a block, `mla_decode_wg_bf16`; `=2`: two,
-// `mla_decode_wg2_bf16`) on sm_90a for bf16 caches whose latent width is a multiple of 64.
+// (mla_combine) as mla_decode_mma; the host (src/mla.rs) takes `mla_decode_wg2_bf16` (two
+// warpgroups a block) on sm_90a for bf16 caches whose latent width is a multiple of 64, up to
+// 32 heads (measured faster than the grouped kernels there; `WEFT_CUDA_MLA_WGMMA=0` never, `=1`
+// `mla_decode_wg_bf16` — one warpgroup — or `=2` for every head count).
 #define MLW_T 64                  // tokens per tile: the m of every product
 #define MLW_HB 16                 // heads per block
 #define MLW_N (2 * MLW_HB)        // columns of Q^T and P^T: hi and lo part of each head
