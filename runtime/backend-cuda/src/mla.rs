@@ -176,8 +176,8 @@ impl CudaBackend {
         let one = if bf { "mla_decode_mma_bf16" } else { "mla_decode_mma" };
         let threads = 32 * MMA_WARPS;
         let single = MmaKernel { name: one, tile: MMA_TILE, m_tiles: 1, threads, smem: Self::mla_mma_smem(w, MMA_TILE, MMA_WARPS, bf) };
-        // Hopper's warpgroup kernel where asked: a bf16 cache whose latent columns fill whole
-        // 64-column value tiles.
+        // Hopper's warpgroup kernel (by default up to 32 heads): a bf16 cache whose latent
+        // columns fill whole 64-column value tiles.
         let wg = self.mla_wgmma.filter(|_| bf && pool.layout.latent_dim % 64 == 0 && heads <= self.mla_wgmma_max_heads).map(|n| MmaKernel {
             name: WG_NAMES[n - 1],
             tile: WG_TILE,
