@@ -24,8 +24,9 @@
 // Same inputs, launch grid (block = row · groups + group, y = split), partial outputs and merge
 // (mla_combine) as mla_decode_mma; the host (src/mla.rs) takes `mla_decode_wg2_bf16` (two
 // warpgroups a block) on sm_90a for bf16 caches whose latent width is a multiple of 64, up to
-// 32 heads (measured faster than the grouped kernels there; `WEFT_CUDA_MLA_WGMMA=0` never, `=1`
-// `mla_decode_wg_bf16` — one warpgroup — or `=2` for every head count).
+// 16 heads — one block a row — and `mla_decode_wgh_bf16` (below: 64 heads a block) beyond
+// (`WEFT_CUDA_MLA_WGMMA=0` never, `=1` `mla_decode_wg_bf16` — one warpgroup —, `=2` or `=3`
+// `_wgh_` for every head count).
 #define MLW_T 64                  // tokens per tile: the m of every product
 #define MLW_HB 16                 // heads per block
 #define MLW_N (2 * MLW_HB)        // columns of Q^T and P^T: hi and lo part of each head
@@ -40,6 +41,9 @@ __device__ __forceinline__ u64 wg_desc_mn(const void* p) {
     const u32 a = (u32)__cvta_generic_to_shared(p);
     return (u64)((a & 0x3ffffu) >> 4) | ((u64)(MLW_CHUNK >> 4) << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
 }
+// v (the same in every lane of the warp) as ptxas can see it is: wgmma loop bounds derived from
+// the thread index otherwise count as divergent, and every wgmma of the kernel is serialised.
+__device__ __forceinline__ u32 wg_uniform(u32 v) { return __shfl_sync(0xffffffffu, v, 0); }
 // A descriptor of the operand `bytes` further on (the start address field is in 16-byte units;
 // shared addresses stay below 256 KB, so the field does not overflow into the next).
 __device__ __forceinline__ u64 wg_desc_add(u64 desc, u32 bytes) { return desc + (bytes >> 4); }
@@ -65,6 +69,7 @@ __device__ __forceinline__ void wgmma_n32_ss_first(float (&d)[16], u64 da, u64 d
         : "l"(da), "l"(db));
 }
 #elif defined(WEFT_EMU)
+__device__ __forceinline__ u32 wg_uniform(u32 v) { return v; }
 __device__ __forceinline__ u64 wg_desc_mn(const void* p) { return (u64)(uintptr_t)p; }
 __device__ __forceinline__ u64 wg_desc_add(u64 desc, u32 bytes) { return desc + bytes; }
 template <int TA>
@@ -74,6 +79,7 @@ __device__ __forceinline__ void wgmma_n32_ss_first(float (&d)[16], u64 da, u64 d
     emu_wgmma_n32_ss(d, da, db, 0);
 }
 #else
+__device__ __forceinline__ u32 wg_uniform(u32 v) { return v; }
 __device__ __forceinline__ u64 wg_desc_mn(const void*) { return 0; }
 __device__ __forceinline__ u64 wg_desc_add(u64 desc, u32) { return desc; }
 template <int TA>
@@ -107,15 +113,21 @@ __device__ __forceinline__ void mlw_load(unsigned char* tile, const u16* layer, 
     cp_async_commit();
 }
 
-// Tokens base..base + 63's rows on their way into L2 (one bulk prefetch a row, threads 0–63,
-// no wait): issued a tile ahead of the tile's copy into shared memory, so that two tiles are
-// in flight from DRAM while shared memory holds only two (a third does not fit beside Q^T).
-// Opt-in until measured: WEFT_CUDA_KERNEL_DEFINES=WEFT_MLA_WG_PREFETCH.
-__device__ __forceinline__ void mlw_prefetch(const u16* layer, const u32* table, u32 base, u32 end, u32 page, u32 w) {
-#ifdef WEFT_MLA_WG_PREFETCH
-    const u32 tok = base + threadIdx.x;
-    if (threadIdx.x < MLW_T && tok < end) weft_prefetch_l2(layer + ((i64)table[tok / page] * page + tok % page) * w, 2 * w);
-#endif
+// Granule j (8 columns of the cache row's width) of head h's query in the block's group as bf16
+// hi and lo parts; zero past the group.
+__device__ __forceinline__ void mlw_query(const float* q_lat, const float* q_pe, const MlaBlock& B, u32 heads, u32 latent, u32 rd, u32 h, u32 j, uint4& hi, uint4& lo) {
+    const u32 d = 8 * j;
+    float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+    if (h < B.hg) {
+        const i64 qi = (i64)B.row * heads + B.h0 + h;
+        const float* src = d < latent ? q_lat + qi * latent + d : q_pe + qi * rd + d - latent;
+        a = *(const float4*)src;
+        b = *(const float4*)(src + 4);
+    }
+    split_bf16x2(a.x, a.y, hi.x, lo.x);
+    split_bf16x2(a.z, a.w, hi.y, lo.y);
+    split_bf16x2(b.x, b.y, hi.z, lo.z);
+    split_bf16x2(b.z, b.w, hi.w, lo.w);
 }
 
 // Element k (a token) of row n of P^T: 128-byte rows, granule k / 8 at (k / 8) ^ (n % 8).
@@ -133,7 +145,7 @@ __device__ __forceinline__ void mla_wg_body(const u16* layer, const float* q_lat
     const u32 w = latent + rd, gw = w / 8, nc = (w + 63) / 64, nks = w / 16, nmb = latent / 64;
     unsigned char* tiles = sm;                       // [2][nc][MLW_CHUNK]
     unsigned char* qs = tiles + 2 * nc * MLW_CHUNK;  // [nc][MLW_QCHUNK]: Q^T, K-major
-    const u32 tid = threadIdx.x, lane = tid % 32, wg = tid / 128, wr = tid / 32 % 4, g = lane / 4, t = lane % 4;
+    const u32 tid = threadIdx.x, lane = tid % 32, wg = wg_uniform(tid / 128), wr = tid / 32 % 4, g = lane / 4, t = lane % 4;
     unsigned char* ps = qs + nc * MLW_QCHUNK + wg * MLW_N * 128;                 // [MLW_N][128 bytes]: P^T, K-major
     float* red = (float*)(qs + nc * MLW_QCHUNK + WGS * MLW_N * 128) + wg * 64;  // [4 warps][MLW_HB]
     float* xs = (float*)(qs + nc * MLW_QCHUNK + WGS * (MLW_N * 128 + 256));         // [WGS][16][128]: partial scores
@@ -143,23 +155,12 @@ __device__ __forceinline__ void mla_wg_body(const u16* layer, const float* q_lat
     const MlaBlock B = mla_block(MLW_T, ctx, bt, bt_off, heads, groups, gsize, chunk);
     const u32 ntiles = (B.t_end - B.t_begin + MLW_T - 1) / MLW_T;
     if (ntiles > 0) mlw_load<WGS>(tiles, layer, B.table, B.t_begin, B.t_end, page, w);
-    if (ntiles > 1) mlw_prefetch(layer, B.table, B.t_begin + MLW_T, B.t_end, page, w);
     // Q^T while the first tile loads: granule j of head h's query as bf16 hi (row h) and lo
     // (row h + 16) parts; heads past the group are zero rows.
     for (u32 e = tid; e < MLW_HB * gw; e += blockDim.x) {
-        const u32 h = e / gw, j = e % gw, d = 8 * j;
-        float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
-        if (h < B.hg) {
-            const i64 qh = (i64)B.row * heads + B.h0 + h;
-            const float* src = d < latent ? q_lat + qh * latent + d : q_pe + qh * rd + d - latent;
-            a = *(const float4*)src;
-            b = *(const float4*)(src + 4);
-        }
+        const u32 h = e / gw, j = e % gw;
         uint4 hi, lo;
-        split_bf16x2(a.x, a.y, hi.x, lo.x);
-        split_bf16x2(a.z, a.w, hi.y, lo.y);
-        split_bf16x2(b.x, b.y, hi.z, lo.z);
-        split_bf16x2(b.z, b.w, hi.w, lo.w);
+        mlw_query(q_lat, q_pe, B, heads, latent, rd, h, j, hi, lo);
         unsigned char* qc = qs + (j / 8) * MLW_QCHUNK;
         *(uint4*)(qc + h * 128 + ((j % 8) ^ (h % 8)) * 16) = hi;
         *(uint4*)(qc + (h + MLW_HB) * 128 + ((j % 8) ^ ((h + MLW_HB) % 8)) * 16) = lo;
@@ -187,7 +188,6 @@ __device__ __forceinline__ void mla_wg_body(const u16* layer, const float* q_lat
         __syncthreads();
         // The other buffer's last readers (the previous tile's products) are done: load ahead.
         if (it + 1 < ntiles) mlw_load<WGS>(tiles + ((it + 1) % 2) * nc * MLW_CHUNK, layer, B.table, base + MLW_T, B.t_end, page, w);
-        if (it + 2 < ntiles) mlw_prefetch(layer, B.table, base + 2 * MLW_T, B.t_end, page, w);
         // (The first product ignores the accumulator: no other instruction defines it, so the
         // chain is not serialised.)
         // (Descriptors as a base plus offsets: the address arithmetic is most of what a warp
@@ -313,4 +313,207 @@ extern "C" __global__ void __launch_bounds__(128, 1) mla_decode_wg_bf16(const u1
 extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wg2_bf16(const u16* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) {
     WEFT_PDL_ENTRY();
     mla_wg_body<2>(layer, q_lat, q_pe, bt, bt_off, ctx, o_part, ml_part, heads, groups, gsize, latent, rd, page, scale, chunk);
+}
+
+// ---- Up to 64 heads a block (mla_decode_wgh_bf16): the heads fill the wgmma's 64 rows ----
+//
+// At 40–128 heads the transposed kernel above runs a block per 16 heads, each reading the tile
+// (and the grouped kernels are bound by fragment loads). Here the products run the other way:
+// scores S (64 heads x 32 tokens) = Q (64 rows, hi and lo bf16 parts, each a K-major operand
+// in shared memory) · K^T (the tile, K-major), two products into one accumulator — the f32
+// queries' precision as in every decode path, without doubling the accumulator. Each of the
+// two warpgroups takes half the width's 16-column steps; the partial sums meet in shared
+// memory in two phases (warpgroup 1's half to warpgroup 0, the sum back: both then hold the
+// same scores, hence the same weights). The softmax of a head is a row of the accumulator, so
+// its max and sum are a thread's 8 values and two shuffles — no barrier. The weights stay in
+// registers as the A operand of the value product (the accumulator's layout is the A
+// fragment's), O (64 heads x 256 latent columns a warpgroup, 4 products of 64) += P (hi, then
+// lo) · V, V the tile's latent columns read N-major. Shared memory: two 32-token tiles (36 KB
+// each at width 576), Q's two parts (72 KB each) and the 8 KB exchange — 225 KB, one block an
+// SM. Tiles of 32 tokens (the n of the scores) because a third Q-sized buffer does not fit.
+#define MLH_T 32                  // tokens per tile
+#define MLH_CHUNK (MLH_T * 128)   // one 64-column chunk of a tile
+#define MLH_QCHUNK (64 * 128)     // one 64-column chunk of a query part (64 head rows)
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && !defined(WEFT_NO_PTX)
+// d (64 x 64) += A (64 x 16: this thread's fragment, rows 16 · warp + g (+ 8), columns 2t (+ 1)
+// in a[0] / a[1] and 8 + 2t (+ 1) in a[2] / a[3]) x B (16 x 64 at db, N-major).
+__device__ __forceinline__ void wgmma_n64_rs(float (&d)[32], const u32 (&a)[4], u64 db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+#elif defined(WEFT_EMU)
+__device__ __forceinline__ void wgmma_n64_rs(float (&d)[32], const u32 (&a)[4], u64 db) { emu_wgmma_n64_rs(d, a, db); }
+#else
+__device__ __forceinline__ void wgmma_n64_rs(float (&)[32], const u32 (&)[4], u64) { WG_TRAP(); }
+#endif
+
+// Tokens base..base + 31 into a tile (rows past `end` zero-filled) by 256 threads: thread
+// (r = tid / 8, c = tid % 8) copies 16-byte granule c of every 64-column chunk of token r.
+__device__ __forceinline__ void mlh_load(unsigned char* tile, const u16* layer, const u32* table, u32 base, u32 end, u32 page, u32 w) {
+    const u32 r = threadIdx.x / 8, c = threadIdx.x % 8, gw = w / 8, nc = (w + 63) / 64, tok = base + r;
+    unsigned char* dst = tile + r * 128 + (c ^ (r % 8)) * 16;
+    const bool in = tok < end;
+    const u16* src = in ? layer + ((i64)table[tok / page] * page + tok % page) * w + 8 * c : layer;
+    const u32 bytes = in ? 16 : 0;
+#pragma unroll
+    for (int ch = 0; ch < 9; ch++)
+        if ((u32)ch < nc && 8 * ch + c < gw) cp_async16(dst + ch * MLH_CHUNK, src + 64 * ch, bytes);
+    cp_async_commit();
+}
+
+// Same inputs, grid and partial outputs as mla_decode_wg2_bf16; blocks of 256 threads, head
+// groups of at most 64 (gsize), latent at most 512 in whole 64-column tiles.
+extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgh_bf16(const u16* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) {
+    WEFT_PDL_ENTRY();
+    WEFT_DYNAMIC_SHARED(uint4, mlh_smem);
+    unsigned char* sm = wg_align1024(mlh_smem);
+    const u32 w = latent + rd, gw = w / 8, nc = (w + 63) / 64, nks = w / 16, nmb = latent / 64;
+    unsigned char* tiles = sm;                       // [2][nc][MLH_CHUNK]
+    unsigned char* qh = tiles + 2 * nc * MLH_CHUNK;  // [nc][MLH_QCHUNK]: queries' hi part, K-major
+    unsigned char* ql = qh + nc * MLH_QCHUNK;        // the lo part
+    float* xs = (float*)(ql + nc * MLH_QCHUNK);      // [16][128]: the scores' exchange
+    const u32 tid = threadIdx.x, lane = tid % 32, wg = wg_uniform(tid / 128), wr = tid / 32 % 4, g = lane / 4, t = lane % 4;
+    const u32 k0 = wg * nks / 2, k1 = (wg + 1) * nks / 2;
+    const MlaBlock B = mla_block(MLH_T, ctx, bt, bt_off, heads, groups, gsize, chunk);
+    const u32 ntiles = (B.t_end - B.t_begin + MLH_T - 1) / MLH_T;
+    if (ntiles > 0) mlh_load(tiles, layer, B.table, B.t_begin, B.t_end, page, w);
+    // Queries while the first tile loads: granule j of head h as bf16 hi and lo parts, rows
+    // past the group zero.
+    for (u32 e = tid; e < 64 * gw; e += blockDim.x) {
+        const u32 h = e / gw, j = e % gw;
+        uint4 hi, lo;
+        mlw_query(q_lat, q_pe, B, heads, latent, rd, h, j, hi, lo);
+        const u32 off = (j / 8) * MLH_QCHUNK + h * 128 + ((j % 8) ^ (h % 8)) * 16;
+        *(uint4*)(qh + off) = hi;
+        *(uint4*)(ql + off) = lo;
+    }
+    // This thread's rows: heads 16 · wr + g (rr = 0) and + 8 (rr = 1); accumulator element
+    // 4j + 2rr + c is column 8j + 2t + c.
+    float m_run[2] = {-WEFT_INF, -WEFT_INF}, l_run[2] = {0.f, 0.f}, o[4][32];
+#pragma unroll
+    for (int mb = 0; mb < 4; mb++)
+#pragma unroll
+        for (int i = 0; i < 32; i++) o[mb][i] = 0.f;
+    const u64 dqh = wg_desc(qh), dql = wg_desc(ql);
+    auto at = [](u32 k, u32 chunk) { return k / 4 * chunk + 32 * (k % 4); };
+
+    for (u32 it = 0; it < ntiles; it++) {
+        const u32 base = B.t_begin + it * MLH_T, cnt = min((u32)MLH_T, B.t_end - base);
+        unsigned char* tile = tiles + (it % 2) * nc * MLH_CHUNK;
+        cp_async_wait<0>();
+        fence_async_shared();
+        __syncthreads();
+        // The other buffer's readers (the previous tile's products) are done: load ahead.
+        if (it + 1 < ntiles) mlh_load(tiles + ((it + 1) % 2) * nc * MLH_CHUNK, layer, B.table, base + MLH_T, B.t_end, page, w);
+        float s[16];
+        const u64 dt = wg_desc(tile), dtv = wg_desc_mn(tile);
+        wg_fence();
+        wgmma_n32_ss_first(s, wg_desc_add(dqh, at(k0, MLH_QCHUNK)), wg_desc_add(dt, at(k0, MLH_CHUNK)));
+        wgmma_n32_ss<0>(s, wg_desc_add(dql, at(k0, MLH_QCHUNK)), wg_desc_add(dt, at(k0, MLH_CHUNK)));
+        for (u32 k = k0 + 1; k < k1; k++) {
+            const u64 b = wg_desc_add(dt, at(k, MLH_CHUNK));
+            const u32 qa = at(k, MLH_QCHUNK);
+            wgmma_n32_ss<0>(s, wg_desc_add(dqh, qa), b);
+            wgmma_n32_ss<0>(s, wg_desc_add(dql, qa), b);
+        }
+        wg_commit();
+        wg_wait<0>();
+        // Warpgroup 1's partial sums to warpgroup 0, which adds them and hands the sums back.
+        if (wg == 1)
+#pragma unroll
+            for (int i = 0; i < 16; i++) xs[i * 128 + tid % 128] = s[i];
+        __syncthreads();
+        if (wg == 0)
+#pragma unroll
+            for (int i = 0; i < 16; i++) xs[i * 128 + tid] = s[i] += xs[i * 128 + tid];
+        __syncthreads();
+        if (wg == 1)
+#pragma unroll
+            for (int i = 0; i < 16; i++) s[i] = xs[i * 128 + tid % 128];
+        // Softmax along this thread's two rows: its 8 columns, then the quad's.
+        float corr[2];
+        u32 ph[2][4], pl[2][4];
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            float mx = -WEFT_INF;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int i = 4 * j + 2 * rr + c;
+                    s[i] = 8 * j + 2 * t + c < cnt ? s[i] * scale : -WEFT_INF;
+                    mx = fmaxf(mx, s[i]);
+                }
+            mx = fmaxf(mx, lane_xor(mx, 1));
+            mx = fmaxf(mx, lane_xor(mx, 2));
+            const float m_new = fmaxf(m_run[rr], mx);
+            corr[rr] = expf(m_run[rr] - m_new);
+            m_run[rr] = m_new;
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int i = 4 * j + 2 * rr + c;
+                    s[i] = expf(s[i] - m_new);
+                    sum += s[i];
+                }
+            l_run[rr] = l_run[rr] * corr[rr] + sum;
+        }
+        // The weights as A fragments of the value product's two 16-token steps: register q
+        // holds row (q % 2 ? g + 8 : g), tokens 16kk + 8 · (q / 2) + 2t (+ 1).
+#pragma unroll
+        for (int kk = 0; kk < 2; kk++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int i = 4 * (2 * kk + q / 2) + 2 * (q % 2);
+                split_bf16x2(s[i], s[i + 1], ph[kk][q], pl[kk][q]);
+            }
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++)
+            if (corr[rr] != 1.f)
+#pragma unroll
+                for (int mb = 0; mb < 4; mb++)
+#pragma unroll
+                    for (int j = 0; j < 8; j++) {
+                        o[mb][4 * j + 2 * rr] *= corr[rr];
+                        o[mb][4 * j + 2 * rr + 1] *= corr[rr];
+                    }
+        wg_fence();
+#pragma unroll
+        for (int mb = 0; mb < 4; mb++)
+            if (4 * wg + mb < nmb)
+#pragma unroll
+                for (int kk = 0; kk < 2; kk++) {
+                    const u64 b = wg_desc_add(dtv, (4 * wg + mb) * MLH_CHUNK + kk * 2048);
+                    wgmma_n64_rs(o[mb], ph[kk], b);
+                    wgmma_n64_rs(o[mb], pl[kk], b);
+                }
+        wg_commit();
+        wg_wait<0>();
+    }
+    const u32 nsplit = gridDim.y;
+    const i64 part = ((i64)B.row * heads + B.h0) * nsplit + blockIdx.y;
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        float l = l_run[rr];
+        l += lane_xor(l, 1);
+        l += lane_xor(l, 2);
+        const u32 h = 16 * wr + g + 8 * rr;
+        if (h >= B.hg) continue;
+        float* out = o_part + (part + (i64)h * nsplit) * latent;
+#pragma unroll
+        for (int mb = 0; mb < 4; mb++)
+            if (4 * wg + mb < nmb)
+#pragma unroll
+                for (int j = 0; j < 8; j++) *(float2*)(out + 64 * (4 * wg + mb) + 8 * j + 2 * t) = make_float2(o[mb][4 * j + 2 * rr], o[mb][4 * j + 2 * rr + 1]);
+        if (wg == 0 && t == 0) {
+            ml_part[(part + (i64)h * nsplit) * 2] = m_run[rr];
+            ml_part[(part + (i64)h * nsplit) * 2 + 1] = l;
+        }
+    }
 }

@@ -251,6 +251,26 @@ inline void emu_wgmma_n32_ss(float (&d)[16], unsigned long long da, unsigned lon
         }
 }
 
+// wgmma.mma_async m64n64k16 with A in registers (kernels/mla_wgmma.cu's value product): rows
+// 16w..16w + 15 of A are warp w's fragments (mma.sync's A layout), so a warp's outputs need only
+// its own lanes' registers — posted and met at the warp's barrier as in emu_mma_bf16_16816; B
+// (16 x 64) N-major: element (k, n) at k / 8 · 1024 + k % 8 · 128 + 2n, 128-byte swizzle.
+inline void emu_wgmma_n64_rs(float (&d)[32], const unsigned (&a)[4], unsigned long long db) {
+    if (emu_warp != 32) { std::fprintf(stderr, "emulated wgmma needs 32-lane sub-groups\n"); std::abort(); }
+    unsigned t = emu_cur, base = t / 32 * 32, lane = t - base, g = lane / 4, q = lane % 4;
+    unsigned (*slots)[6] = emu_frag[emu_lane_turn[t]++ & 1];
+    std::memcpy(slots[t], a, 4 * sizeof(unsigned));
+    emu_warp_barriers[t / emu_warp].wait();
+    auto A = [&](unsigned r, unsigned k) { return emu_bf16(slots[base + (r % 8) * 4 + (k % 8) / 2][(r >= 8) + 2 * (k >= 8)], k % 2); };
+    for (unsigned j = 0; j < 8; j++)
+        for (unsigned i = 0; i < 4; i++) {
+            unsigned r = g + 8 * (i / 2), n = 8 * j + 2 * q + i % 2;
+            float acc = d[4 * j + i];
+            for (unsigned k = 0; k < 16; k++) acc += A(r, k) * emu_swizzled_mn_bf16(db, n, k);
+            d[4 * j + i] = acc;
+        }
+}
+
 static const void* emu_ldsm_rows[2][4096];
 // ldmatrix of a 32-lane warp: every lane posts its row address and the warp meets; returns the
 // posted addresses (indexed by thread), with this lane's warp base, g = lane / 4 and q = lane % 4.

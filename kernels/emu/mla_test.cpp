@@ -8,8 +8,8 @@
 // also over a bf16 cache (`_bf16` entries; the reference reads the same rounded values); and
 // the grouped tensor-core kernels (mla_grouped.cu: 1, 2 or 4 m-tiles of 16 heads per block; the
 // one-query-part kernel against a reference with bf16-rounded queries); and the wgmma kernel
-// (mla_wgmma.cu: transposed products, the M-major value operand, one or two warpgroups; wgmma
-// emulated).
+// (mla_wgmma.cu: transposed products, the M-major value operand, one or two warpgroups; and
+// 64 heads a block, the weights in registers; wgmma emulated).
 // Exit status: the number of failing cases.
 #include "emu.h"
 #include "../weft_port.h"
@@ -50,6 +50,7 @@ int main() {
         {"mla_decode_mmg4wq1_bf16", 0, mla_decode_mmg4wq1_bf16, 512, 32, 32, 4, false, true}, {"mla_decode_mmg4wq1_bf16", 0, mla_decode_mmg4wq1_bf16, 512, 32, 32, 4, true, true},
         {"mla_decode_wg_bf16", 0, mla_decode_wg_bf16, 128, 32, 64, 1, false}, {"mla_decode_wg_bf16", 0, mla_decode_wg_bf16, 128, 32, 64, 1, true},
         {"mla_decode_wg2_bf16", 0, mla_decode_wg2_bf16, 256, 32, 64, 1, false}, {"mla_decode_wg2_bf16", 0, mla_decode_wg2_bf16, 256, 32, 64, 1, true},
+        {"mla_decode_wgh_bf16", 0, mla_decode_wgh_bf16, 256, 32, 32, 4, false}, {"mla_decode_wgh_bf16", 0, mla_decode_wgh_bf16, 256, 32, 32, 4, true},
     };
     const char* only = std::getenv("MLA_TEST_ONLY");  // a substring of the kernels' names to run
     for (const Variant& v : variants) {

@@ -75,9 +75,9 @@ struct MmaKernel {
 /// of `MLW_T` tokens, 16 heads.
 const WG_NAMES: [&str; 2] = ["mla_decode_wg_bf16", "mla_decode_wg2_bf16"];
 const WG_TILE: usize = 64;
-/// Most heads the wgmma kernel takes by default: up to 32 (one or two blocks of 16 a row) it
-/// beat the grouped kernels, at 64 (four blocks, each reading the tile) it lost (round 19).
-pub(crate) const WG_DEFAULT_MAX_HEADS: usize = 2 * HEAD_GROUP;
+/// Most heads the 16-head wgmma kernel takes by default: one block a row. At 32 (two blocks,
+/// each reading the tile) the 64-head kernel beat it, 195.1 against 215.0 µs (round 20).
+pub(crate) const WG_DEFAULT_MAX_HEADS: usize = HEAD_GROUP;
 
 /// The wgmma kernel's shared memory for a cache row of `width` bf16 columns and `groups`
 /// warpgroups: alignment slack, two tiles and Q^T in 64-column chunks (64 and 32 rows of 128
@@ -87,6 +87,19 @@ fn wg_smem(width: usize, groups: usize) -> usize {
     let chunks = width.div_ceil(64);
     let partial_scores = if groups > 1 { groups * 16 * 128 * 4 } else { 0 };
     1024 + 2 * chunks * WG_TILE * 128 + chunks * 32 * 128 + groups * (32 * 128 + 4 * 16 * 4) + partial_scores
+}
+
+/// `mla_decode_wgh_bf16` (mla_wgmma.cu): up to 64 heads a block as the rows of every product,
+/// two warpgroups, tiles of `WGH_TILE` tokens, latent at most `WGH_MAX_LATENT`.
+const WGH_NAME: &str = "mla_decode_wgh_bf16";
+const WGH_TILE: usize = 32;
+const WGH_MAX_LATENT: usize = 512;
+
+/// Its shared memory: alignment slack, two tiles, the queries' hi and lo parts (64 rows of 128
+/// bytes a 64-column chunk each), the scores' exchange (16 floats a thread of a warpgroup).
+fn wgh_smem(width: usize) -> usize {
+    let chunks = width.div_ceil(64);
+    1024 + 2 * chunks * WGH_TILE * 128 + 2 * chunks * 64 * 128 + 16 * 128 * 4
 }
 
 /// A grouped tensor-core kernel (`WEFT_MLA_MMG` in mla_grouped.cu): its cache type, tile
@@ -166,8 +179,9 @@ impl CudaBackend {
     /// block). `WEFT_CUDA_MLA_GROUPED=0`: `mla_decode_mma` always; `WEFT_CUDA_MLA_MMG`: one
     /// grouped kernel by name for every head count. Before all of them on sm_90a over a bf16
     /// cache whose latent is a multiple of 64: `mla_decode_wg2_bf16` up to
-    /// `WG_DEFAULT_MAX_HEADS` heads (`WEFT_CUDA_MLA_WGMMA=0`: never; `=1` / `=2`:
-    /// `mla_decode_wg_bf16` / `_wg2_` for every head count).
+    /// `WG_DEFAULT_MAX_HEADS` heads, `mla_decode_wgh_bf16` (64 heads a block) beyond
+    /// (`WEFT_CUDA_MLA_WGMMA=0`: never; `=1` / `=2`: `mla_decode_wg_bf16` / `_wg2_` for every
+    /// head count; `=3`: `_wgh_` for every head count).
     fn mla_mma_kernel(&self, pool: &CudaKvPool, heads: usize) -> Option<MmaKernel> {
         if !self.mla_mma_fits(pool) {
             return None;
@@ -176,14 +190,14 @@ impl CudaBackend {
         let one = if bf { "mla_decode_mma_bf16" } else { "mla_decode_mma" };
         let threads = 32 * MMA_WARPS;
         let single = MmaKernel { name: one, tile: MMA_TILE, m_tiles: 1, threads, smem: Self::mla_mma_smem(w, MMA_TILE, MMA_WARPS, bf) };
-        // Hopper's warpgroup kernel (by default up to 32 heads): a bf16 cache whose latent
-        // columns fill whole 64-column value tiles.
-        let wg = self.mla_wgmma.filter(|_| bf && pool.layout.latent_dim % 64 == 0 && heads <= self.mla_wgmma_max_heads).map(|n| MmaKernel {
-            name: WG_NAMES[n - 1],
-            tile: WG_TILE,
-            m_tiles: 1,
-            threads: 128 * n,
-            smem: wg_smem(w, n),
+        // Hopper's warpgroup kernels: a bf16 cache whose latent columns fill whole 64-column
+        // value tiles; 16 heads a block up to `mla_wgmma_max_heads` (16 by default), 64 past it
+        // (and for every head count with `mla_wgmma` 3).
+        let latent = pool.layout.latent_dim;
+        let wg = self.mla_wgmma.filter(|_| bf && latent % 64 == 0).and_then(|n| match n {
+            1 | 2 if heads <= self.mla_wgmma_max_heads => Some(MmaKernel { name: WG_NAMES[n - 1], tile: WG_TILE, m_tiles: 1, threads: 128 * n, smem: wg_smem(w, n) }),
+            _ if latent <= WGH_MAX_LATENT => Some(MmaKernel { name: WGH_NAME, tile: WGH_TILE, m_tiles: 4, threads: 256, smem: wgh_smem(w) }),
+            _ => None,
         });
         let grouped = match (self.mla_mmg, bf) {
             (Some(name), _) if mmg_spec(name).bf16 == bf => Some(name),
@@ -295,8 +309,8 @@ mod tests {
         assert_eq!(super::head_groups(128), (8, 16));
     }
 
-    /// The wgmma kernels' layout (two 64-token tiles of the DeepSeek-V3 / Kimi width, Q^T, per
-    /// warpgroup P^T and maxima) must fit Hopper's 227 KB of opt-in shared memory, or
+    /// The wgmma kernels' layouts (two 64-token tiles of the DeepSeek-V3 / Kimi width, Q^T, per
+    /// warpgroup P^T and maxima; the 64-head kernel's) must fit Hopper's 227 KB of opt-in shared memory, or
     /// `mla_mma_kernel` would pass them over for the grouped kernels without a word.
     #[test]
     fn wgmma_kernels_fit_hopper_shared_memory() {
@@ -306,6 +320,9 @@ mod tests {
             assert!(super::wg_smem(576, groups) <= HOPPER_OPTIN, "{groups} warpgroups: {} bytes", super::wg_smem(576, groups));
         }
         assert_eq!(super::wg_smem(96, 2) - super::wg_smem(96, 1), 32 * 128 + 256 + 2 * 16 * 128 * 4);
+        // 64 heads a block: two 32-token tiles, both query parts, the exchange — 225 KB.
+        assert_eq!(super::wgh_smem(576), 1024 + 2 * 9 * 4096 + 2 * 9 * 8192 + 8192);
+        assert!(super::wgh_smem(576) <= HOPPER_OPTIN, "{} bytes", super::wgh_smem(576));
     }
 
     #[test]
