@@ -366,16 +366,21 @@ __device__ __forceinline__ void mlh_load(unsigned char* tile, const u16* layer, 
 }
 
 // Same inputs, grid and partial outputs as mla_decode_wg2_bf16; blocks of 256 threads, head
-// groups of at most 64 (gsize), latent at most 512 in whole 64-column tiles.
-extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgh_bf16(const u16* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) {
-    WEFT_PDL_ENTRY();
+// groups of at most 64 (gsize), latent at most 512 in whole 64-column tiles. PARTS = 2: queries
+// and weights as hi and lo bf16 parts (the default's precision); 1: both rounded to bf16 once
+// (FlashMLA's numerics, ~1e-3 from the f32 reference; opt-in `mla_decode_wgh1_bf16`, for
+// measuring what the second parts cost — no lo buffer, half the products: 185 against 220 µs
+// at 64 heads, so the products are not what bounds it; four tiles in flight in the space freed
+// measured no faster, 189).
+template <int PARTS>
+__device__ __forceinline__ void mla_wgh_body(const u16* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) {
     WEFT_DYNAMIC_SHARED(uint4, mlh_smem);
     unsigned char* sm = wg_align1024(mlh_smem);
     const u32 w = latent + rd, gw = w / 8, nc = (w + 63) / 64, nks = w / 16, nmb = latent / 64;
     unsigned char* tiles = sm;                       // [2][nc][MLH_CHUNK]
     unsigned char* qh = tiles + 2 * nc * MLH_CHUNK;  // [nc][MLH_QCHUNK]: queries' hi part, K-major
-    unsigned char* ql = qh + nc * MLH_QCHUNK;        // the lo part
-    float* xs = (float*)(ql + nc * MLH_QCHUNK);      // [16][128]: the scores' exchange
+    unsigned char* ql = qh + nc * MLH_QCHUNK;        // the lo part (two parts)
+    float* xs = (float*)(ql + (PARTS - 1) * nc * MLH_QCHUNK);  // [16][128]: the scores' exchange
     const u32 tid = threadIdx.x, lane = tid % 32, wg = wg_uniform(tid / 128), wr = tid / 32 % 4, g = lane / 4, t = lane % 4;
     const u32 k0 = wg * nks / 2, k1 = (wg + 1) * nks / 2;
     const MlaBlock B = mla_block(MLH_T, ctx, bt, bt_off, heads, groups, gsize, chunk);
@@ -389,7 +394,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgh_bf16(const u
         mlw_query(q_lat, q_pe, B, heads, latent, rd, h, j, hi, lo);
         const u32 off = (j / 8) * MLH_QCHUNK + h * 128 + ((j % 8) ^ (h % 8)) * 16;
         *(uint4*)(qh + off) = hi;
-        *(uint4*)(ql + off) = lo;
+        if (PARTS == 2) *(uint4*)(ql + off) = lo;
     }
     // This thread's rows: heads 16 · wr + g (rr = 0) and + 8 (rr = 1); accumulator element
     // 4j + 2rr + c is column 8j + 2t + c.
@@ -413,12 +418,12 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgh_bf16(const u
         const u64 dt = wg_desc(tile), dtv = wg_desc_mn(tile);
         wg_fence();
         wgmma_n32_ss_first(s, wg_desc_add(dqh, at(k0, MLH_QCHUNK)), wg_desc_add(dt, at(k0, MLH_CHUNK)));
-        wgmma_n32_ss<0>(s, wg_desc_add(dql, at(k0, MLH_QCHUNK)), wg_desc_add(dt, at(k0, MLH_CHUNK)));
+        if (PARTS == 2) wgmma_n32_ss<0>(s, wg_desc_add(dql, at(k0, MLH_QCHUNK)), wg_desc_add(dt, at(k0, MLH_CHUNK)));
         for (u32 k = k0 + 1; k < k1; k++) {
             const u64 b = wg_desc_add(dt, at(k, MLH_CHUNK));
             const u32 qa = at(k, MLH_QCHUNK);
             wgmma_n32_ss<0>(s, wg_desc_add(dqh, qa), b);
-            wgmma_n32_ss<0>(s, wg_desc_add(dql, qa), b);
+            if (PARTS == 2) wgmma_n32_ss<0>(s, wg_desc_add(dql, qa), b);
         }
         wg_commit();
         wg_wait<0>();
@@ -491,7 +496,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgh_bf16(const u
                 for (int kk = 0; kk < 2; kk++) {
                     const u64 b = wg_desc_add(dtv, (4 * wg + mb) * MLH_CHUNK + kk * 2048);
                     wgmma_n64_rs(o[mb], ph[kk], b);
-                    wgmma_n64_rs(o[mb], pl[kk], b);
+                    if (PARTS == 2) wgmma_n64_rs(o[mb], pl[kk], b);
                 }
         wg_commit();
         wg_wait<0>();
@@ -516,4 +521,12 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgh_bf16(const u
             ml_part[(part + (i64)h * nsplit) * 2 + 1] = l;
         }
     }
+}
+extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgh_bf16(const u16* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) {
+    WEFT_PDL_ENTRY();
+    mla_wgh_body<2>(layer, q_lat, q_pe, bt, bt_off, ctx, o_part, ml_part, heads, groups, gsize, latent, rd, page, scale, chunk);
+}
+extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgh1_bf16(const u16* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) {
+    WEFT_PDL_ENTRY();
+    mla_wgh_body<1>(layer, q_lat, q_pe, bt, bt_off, ctx, o_part, ml_part, heads, groups, gsize, latent, rd, page, scale, chunk);
 }

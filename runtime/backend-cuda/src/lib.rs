@@ -217,6 +217,7 @@ pub const KERNELS: &[&str] = &[
     "mla_decode_wg_bf16",
     "mla_decode_wg2_bf16",
     "mla_decode_wgh_bf16",
+    "mla_decode_wgh1_bf16",
     "mla_combine",
     "mla_flash_bf16",
     "dummy_bf16",
@@ -345,7 +346,9 @@ pub struct CudaBackend {
     /// every head count with 3. Default: two warpgroups up to 16 heads, the 64-head kernel above
     /// (each measured faster than the grouped kernels and than the other there: results
     /// rounds 19, 20).
-    /// `WEFT_CUDA_MLA_WGMMA=0` never; `=1` / `=2` / `=3` one variant for every head count.
+    /// `WEFT_CUDA_MLA_WGMMA=0` never; `=1` / `=2` / `=3` one variant for every head count; `=4`
+    /// the 64-head kernel with one bf16 part of queries and weights (FlashMLA's numerics, ~1e-3
+    /// from the other paths), for measurements.
     pub mla_wgmma: Option<usize>,
     /// Most heads a row `mla_wgmma` takes (`mla::WG_DEFAULT_MAX_HEADS`; any when set).
     pub mla_wgmma_max_heads: usize,
@@ -615,6 +618,7 @@ impl CudaBackend {
             "mla_decode_wg_bf16",
             "mla_decode_wg2_bf16",
             "mla_decode_wgh_bf16",
+            "mla_decode_wgh1_bf16",
         ]
         .into_iter()
         .chain(mla::MMG_KERNELS.iter().map(|k| k.name))
@@ -690,7 +694,7 @@ impl CudaBackend {
             gemm_stack_max_m: std::env::var("WEFT_CUDA_GEMM_STACK_MAX_M").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
             mla_split_tiles: std::env::var("WEFT_CUDA_MLA_SPLIT_TILES").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1),
             mla_grouped: std::env::var("WEFT_CUDA_MLA_GROUPED").map_or(true, |v| v != "0"),
-            mla_wgmma: wgmma_setting.map_or(Some(2), |n| Some(n).filter(|&n| (1..=3).contains(&n))).filter(|_| mma && arch == "sm_90a"),
+            mla_wgmma: wgmma_setting.map_or(Some(2), |n| Some(n).filter(|&n| (1..=4).contains(&n))).filter(|_| mma && arch == "sm_90a"),
             mla_wgmma_max_heads: if wgmma_setting.is_some() { usize::MAX } else { mla::WG_DEFAULT_MAX_HEADS },
             mla_mmg: std::env::var("WEFT_CUDA_MLA_MMG").ok().and_then(|v| mla::MMG_KERNELS.iter().find(|k| k.name == v).map(|k| k.name)),
             mla_min_group: std::env::var("WEFT_CUDA_MLA_MIN_GROUP").ok().and_then(|v| v.parse().ok()).unwrap_or(8).max(1),

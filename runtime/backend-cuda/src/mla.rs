@@ -90,16 +90,18 @@ fn wg_smem(width: usize, groups: usize) -> usize {
 }
 
 /// `mla_decode_wgh_bf16` (mla_wgmma.cu): up to 64 heads a block as the rows of every product,
-/// two warpgroups, tiles of `WGH_TILE` tokens, latent at most `WGH_MAX_LATENT`.
-const WGH_NAME: &str = "mla_decode_wgh_bf16";
+/// two warpgroups, tiles of `WGH_TILE` tokens, latent at most `WGH_MAX_LATENT`; and
+/// `mla_decode_wgh1_bf16`, its opt-in variant with one bf16 part of queries and weights.
+const WGH_NAMES: [&str; 2] = ["mla_decode_wgh1_bf16", "mla_decode_wgh_bf16"];
 const WGH_TILE: usize = 32;
 const WGH_MAX_LATENT: usize = 512;
 
-/// Its shared memory: alignment slack, two tiles, the queries' hi and lo parts (64 rows of 128
-/// bytes a 64-column chunk each), the scores' exchange (16 floats a thread of a warpgroup).
-fn wgh_smem(width: usize) -> usize {
+/// Its shared memory with `parts` query parts: alignment slack, two tiles, the queries' parts
+/// (64 rows of 128 bytes a 64-column chunk each), the scores' exchange (16 floats a thread of a
+/// warpgroup).
+fn wgh_smem(width: usize, parts: usize) -> usize {
     let chunks = width.div_ceil(64);
-    1024 + 2 * chunks * WGH_TILE * 128 + 2 * chunks * 64 * 128 + 16 * 128 * 4
+    1024 + 2 * chunks * WGH_TILE * 128 + parts * chunks * 64 * 128 + 16 * 128 * 4
 }
 
 /// A grouped tensor-core kernel (`WEFT_MLA_MMG` in mla_grouped.cu): its cache type, tile
@@ -181,7 +183,8 @@ impl CudaBackend {
     /// cache whose latent is a multiple of 64: `mla_decode_wg2_bf16` up to
     /// `WG_DEFAULT_MAX_HEADS` heads, `mla_decode_wgh_bf16` (64 heads a block) beyond
     /// (`WEFT_CUDA_MLA_WGMMA=0`: never; `=1` / `=2`: `mla_decode_wg_bf16` / `_wg2_` for every
-    /// head count; `=3`: `_wgh_` for every head count).
+    /// head count; `=3`: `_wgh_` for every head count; `=4`: `_wgh1_`, one bf16 part of queries
+    /// and weights, ~1e-3 from the others, for measurements).
     fn mla_mma_kernel(&self, pool: &CudaKvPool, heads: usize) -> Option<MmaKernel> {
         if !self.mla_mma_fits(pool) {
             return None;
@@ -196,7 +199,10 @@ impl CudaBackend {
         let latent = pool.layout.latent_dim;
         let wg = self.mla_wgmma.filter(|_| bf && latent % 64 == 0).and_then(|n| match n {
             1 | 2 if heads <= self.mla_wgmma_max_heads => Some(MmaKernel { name: WG_NAMES[n - 1], tile: WG_TILE, m_tiles: 1, threads: 128 * n, smem: wg_smem(w, n) }),
-            _ if latent <= WGH_MAX_LATENT => Some(MmaKernel { name: WGH_NAME, tile: WGH_TILE, m_tiles: 4, threads: 256, smem: wgh_smem(w) }),
+            _ if latent <= WGH_MAX_LATENT => {
+                let parts = if n == 4 { 1 } else { 2 };
+                Some(MmaKernel { name: WGH_NAMES[parts - 1], tile: WGH_TILE, m_tiles: 4, threads: 256, smem: wgh_smem(w, parts) })
+            }
             _ => None,
         });
         let grouped = match (self.mla_mmg, bf) {
@@ -321,8 +327,9 @@ mod tests {
         }
         assert_eq!(super::wg_smem(96, 2) - super::wg_smem(96, 1), 32 * 128 + 256 + 2 * 16 * 128 * 4);
         // 64 heads a block: two 32-token tiles, both query parts, the exchange — 225 KB.
-        assert_eq!(super::wgh_smem(576), 1024 + 2 * 9 * 4096 + 2 * 9 * 8192 + 8192);
-        assert!(super::wgh_smem(576) <= HOPPER_OPTIN, "{} bytes", super::wgh_smem(576));
+        assert_eq!(super::wgh_smem(576, 2), 1024 + 2 * 9 * 4096 + 2 * 9 * 8192 + 8192);
+        assert!(super::wgh_smem(576, 2) <= HOPPER_OPTIN, "{} bytes", super::wgh_smem(576, 2));
+        assert_eq!(super::wgh_smem(576, 2) - super::wgh_smem(576, 1), 9 * 8192);
     }
 
     #[test]
