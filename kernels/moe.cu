@@ -178,11 +178,67 @@ __device__ void plan_experts(const volatile u32* ids, u32 n, u32 E, u32 S, u32 f
     }
 }
 
+// The plan of a single token's n <= blockDim.x entries (the block that routed it; `ids` written
+// by its thread 0 before a block barrier), with no atomics and no serial pass: thread i takes
+// entry i and finds, by a scan of the n local experts in shared memory, whether it is its
+// expert's first entry and its place among that expert's entries, then, by a scan of the first
+// entries' counts, its expert's rank among the active ones, offset and first tile (thread 0:
+// the totals) — the same plan as
+// `plan_experts` (active experts in ascending local order, entries of one expert in entry order).
+// A decoding token's route and plan took ~10 us a layer through the device-wide counter, the
+// shared-memory atomics and thread 0's pass over every expert (Nsight, H100, Moonlight).
+#define MOE_MAX_ONE 256
+__device__ void plan_one_token(const u32* ids, u32 n, u32 E, u32 S, u32 first, u32 held, u32 maxa, u32* plan) {
+    __shared__ u32 loc[MOE_MAX_ONE], cnt[MOE_MAX_ONE];  // cnt: the entry's expert's count, 0 unless its first active entry
+    const u32 planned = held + S;
+    const u32 i = threadIdx.x;
+    if (i < n) loc[i] = local_expert(ids[i], E, S, first, held);
+    __syncthreads();
+    const u32 e = i < n ? loc[i] : planned;
+    u32 lead = 1, pos = 0, c = 0;
+    if (i < n)
+        for (u32 j = 0; j < n; j++)
+            if (loc[j] == e) { c++; if (j < i) { lead = 0; pos++; } }
+    if (i < n) cnt[i] = lead && e < planned ? c : 0;
+    __syncthreads();
+    if (e >= planned && i != 0) return;
+    u32 rank = 0, off = 0, tile0 = 0, active = 0, total = 0, ntiles = 0;
+    for (u32 j = 0; j < n; j++) {
+        const u32 cj = cnt[j];
+        if (!cj) continue;
+        const u32 tj = (cj + MOE_TILE_ROWS - 1) / MOE_TILE_ROWS;
+        active++; total += cj; ntiles += tj;
+        if (loc[j] < e) { rank++; off += cj; tile0 += tj; }
+    }
+    u32* act = plan + 1;
+    u32* offs = plan + 1 + maxa;
+    u32* ent = plan + 2 + 2 * maxa;
+    u32* tiles = ent + n;
+    if (i == 0) { offs[active] = total; plan[0] = active; tiles[0] = ntiles; }
+    if (e >= planned) return;
+    ent[off + pos] = i;
+    if (!lead) return;
+    act[rank] = e;
+    offs[rank] = off;
+    for (u32 r = 0, j = tile0; r < c; r += MOE_TILE_ROWS, j++) {
+        tiles[1 + 2 * j] = rank;
+        tiles[2 + 2 * j] = off + r;
+    }
+}
+
 // Routing and the plan in one launch: one block per token routes it; the last block to finish
-// (a device-wide counter, reset by that block for the next launch) makes the plan.
+// (a device-wide counter, reset by that block for the next launch) makes the plan. A single
+// token (one block) plans its own entries at once (`plan_one_token`) without the counter.
 extern "C" __global__ void moe_route_plan(const float* logits, const float* bias, u32 E, u32 K, u32 S, u32 n_group, u32 topk_group, int norm, float scaling, u32* ids, float* wts, u32 first, u32 held, u32 maxa, u32* plan, u32* counter) { WEFT_PDL_ENTRY();
     __shared__ bool last;
     route_token(logits, bias, E, K, S, n_group, topk_group, norm, scaling, ids, wts);
+#ifndef WEFT_ROUTE_PLAN_COUNTER
+    if (gridDim.x == 1 && K + S <= min(blockDim.x, (u32)MOE_MAX_ONE)) {
+        __syncthreads();
+        plan_one_token(ids, K + S, E, S, first, held, maxa, plan);
+        return;
+    }
+#endif
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
