@@ -171,30 +171,49 @@ __device__ void rope_into(const float* x, u32 pos, const float* inv_freq, u32 rd
     }
 }
 
-// One block per (row, head): q [m, heads, nope + rd] -> q_nope [m, heads, nope], q_pe [m, heads, rd].
-extern "C" __global__ void split_rope_q(const float* q, float* q_nope, float* q_pe, const u32* pos, const float* inv_freq, u32 heads, u32 nope, u32 rd, float attn_factor, int interleaved) { WEFT_PDL_ENTRY();
-    i64 mh = blockIdx.x;
+// Block mh = (row, head): q [m, heads, nope + rd] -> q_nope [m, heads, nope], q_pe [m, heads, rd].
+__device__ void split_rope_q_body(i64 mh, const float* q, float* q_nope, float* q_pe, const u32* pos, const float* inv_freq, u32 heads, u32 nope, u32 rd, float attn_factor, int interleaved) {
     const float* src = q + mh * (nope + rd);
     for (u32 j = threadIdx.x; j < nope; j += blockDim.x) q_nope[mh * nope + j] = src[j];
     rope_into(src + nope, pos[mh / heads], inv_freq, rd, attn_factor, interleaved, q_pe + mh * rd);
 }
+extern "C" __global__ void split_rope_q(const float* q, float* q_nope, float* q_pe, const u32* pos, const float* inv_freq, u32 heads, u32 nope, u32 rd, float attn_factor, int interleaved) { WEFT_PDL_ENTRY();
+    split_rope_q_body(blockIdx.x, q, q_nope, q_pe, pos, inv_freq, heads, nope, rd, attn_factor, interleaved);
+}
 
-// One block per token: RMSNorm the latent, rope the shared key, store both at its slot (an f32
-// or a bf16 cache).
+// Block t = token: RMSNorm the latent, rope the shared key, store both at its slot (an f32 or a
+// bf16 cache).
 template <typename C>
-__device__ void store_kv_body(C* layer, const float* kv_a, const float* norm_w, const u32* pos, const u32* slots, const float* inv_freq, u32 latent, u32 rd, float eps, float attn_factor, int interleaved) {
+__device__ void store_kv_body(u32 t, C* layer, const float* kv_a, const float* norm_w, const u32* pos, const u32* slots, const float* inv_freq, u32 latent, u32 rd, float eps, float attn_factor, int interleaved) {
     __shared__ float sh[BLOCK];
     u32 w = latent + rd;
-    const float* row = kv_a + (i64)blockIdx.x * w;
-    C* dst = layer + (i64)slots[blockIdx.x] * w;
+    const float* row = kv_a + (i64)t * w;
+    C* dst = layer + (i64)slots[t] * w;
     rms_row(row, norm_w, dst, latent, eps, sh);
-    rope_into(row + latent, pos[blockIdx.x], inv_freq, rd, attn_factor, interleaved, dst + latent);
+    rope_into(row + latent, pos[t], inv_freq, rd, attn_factor, interleaved, dst + latent);
 }
 extern "C" __global__ void store_kv(float* layer, const float* kv_a, const float* norm_w, const u32* pos, const u32* slots, const float* inv_freq, u32 latent, u32 rd, float eps, float attn_factor, int interleaved) { WEFT_PDL_ENTRY();
-    store_kv_body(layer, kv_a, norm_w, pos, slots, inv_freq, latent, rd, eps, attn_factor, interleaved);
+    store_kv_body(blockIdx.x, layer, kv_a, norm_w, pos, slots, inv_freq, latent, rd, eps, attn_factor, interleaved);
 }
 extern "C" __global__ void store_kv_bf16(u16* layer, const float* kv_a, const float* norm_w, const u32* pos, const u32* slots, const float* inv_freq, u32 latent, u32 rd, float eps, float attn_factor, int interleaved) { WEFT_PDL_ENTRY();
-    store_kv_body(layer, kv_a, norm_w, pos, slots, inv_freq, latent, rd, eps, attn_factor, interleaved);
+    store_kv_body(blockIdx.x, layer, kv_a, norm_w, pos, slots, inv_freq, latent, rd, eps, attn_factor, interleaved);
+}
+
+// split_rope_q and store_kv of the same m rows in one launch of m · heads + m blocks (the first
+// m · heads split and rope the queries, the rest store the tokens' latents): two independent
+// per-row kernels of ~3 and ~4 us a layer at batch 1 (Nsight, H100), each mostly its launch and
+// first reads, now one.
+template <typename C>
+__device__ void rope_q_store_kv_body(C* layer, const float* q, float* q_nope, float* q_pe, const float* kv_a, const float* norm_w, const u32* pos, const u32* slots, const float* inv_freq, u32 m, u32 heads, u32 nope, u32 latent, u32 rd, float eps, float attn_factor, int interleaved) {
+    const u32 b = blockIdx.x;
+    if (b < m * heads) split_rope_q_body(b, q, q_nope, q_pe, pos, inv_freq, heads, nope, rd, attn_factor, interleaved);
+    else store_kv_body(b - m * heads, layer, kv_a, norm_w, pos, slots, inv_freq, latent, rd, eps, attn_factor, interleaved);
+}
+extern "C" __global__ void rope_q_store_kv(float* layer, const float* q, float* q_nope, float* q_pe, const float* kv_a, const float* norm_w, const u32* pos, const u32* slots, const float* inv_freq, u32 m, u32 heads, u32 nope, u32 latent, u32 rd, float eps, float attn_factor, int interleaved) { WEFT_PDL_ENTRY();
+    rope_q_store_kv_body(layer, q, q_nope, q_pe, kv_a, norm_w, pos, slots, inv_freq, m, heads, nope, latent, rd, eps, attn_factor, interleaved);
+}
+extern "C" __global__ void rope_q_store_kv_bf16(u16* layer, const float* q, float* q_nope, float* q_pe, const float* kv_a, const float* norm_w, const u32* pos, const u32* slots, const float* inv_freq, u32 m, u32 heads, u32 nope, u32 latent, u32 rd, float eps, float attn_factor, int interleaved) { WEFT_PDL_ENTRY();
+    rope_q_store_kv_body(layer, q, q_nope, q_pe, kv_a, norm_w, pos, slots, inv_freq, m, heads, nope, latent, rd, eps, attn_factor, interleaved);
 }
 
 // Absorbed MLA attention over the paged latent pool, one block per (query row, head), online

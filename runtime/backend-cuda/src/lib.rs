@@ -124,6 +124,8 @@ pub const KERNELS: &[&str] = &[
     "split_rope_q",
     "store_kv",
     "store_kv_bf16",
+    "rope_q_store_kv",
+    "rope_q_store_kv_bf16",
     "mla_attention",
     "mla_attention_bf16",
     "kv_store_rows",
@@ -320,6 +322,9 @@ pub struct CudaBackend {
     /// Use only the large-batch paths (cuBLAS, host MoE routing, single-split attention):
     /// `WEFT_CUDA_SLOW=1`, for comparisons.
     pub slow_paths: bool,
+    /// A layer's query split/rope and latent store in one launch (`rope_q_store_kv`;
+    /// `WEFT_CUDA_ROPE_STORE=0`: the two kernels, for comparisons).
+    pub fused_rope_store: bool,
     /// Tensor-core expert kernels for several tokens per expert (`WEFT_CUDA_MMA=0`: the
     /// CUDA-core ones, for comparisons).
     pub mma: bool,
@@ -674,6 +679,7 @@ impl CudaBackend {
             poison,
             all_f32,
             slow_paths,
+            fused_rope_store: std::env::var("WEFT_CUDA_ROPE_STORE").map_or(true, |v| v != "0"),
             mma,
             wgmma: mma && arch == "sm_90a" && std::env::var("WEFT_CUDA_WGMMA").map_or(true, |v| v != "0"),
             mla_mma: mma && std::env::var("WEFT_CUDA_MLA_MMA").map_or(true, |v| v != "0"),

@@ -522,6 +522,45 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
+    fn mla_rope_q_store_kv(
+        &self,
+        q: &CudaSlice<f32>,
+        heads: usize,
+        nope: usize,
+        rope_dim: usize,
+        pool: &mut CudaKvPool,
+        layer: usize,
+        kv_a: &CudaSlice<f32>,
+        norm_w: &CudaSlice<f32>,
+        eps: f32,
+        positions: &[u32],
+        slots: &[u32],
+        rope: &RopeParams,
+    ) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
+        let lay = pool.layout;
+        let m = check_rows("mla_split_rope_q", q.len(), heads * (nope + rope_dim))?;
+        // One launch where the two agree (the queries' rope width is the cache's, the same
+        // rows); anything else goes through the two ops, whose checks say what is wrong.
+        let one = self.fused_rope_store && heads > 0 && rope_dim == lay.rope_dim && kv_a.len() == m * lay.width() && positions.len() == m && slots.len() == m && layer < lay.layers;
+        if !one || slots.iter().any(|&s| s as usize >= lay.num_pages * lay.page_size) {
+            let q = self.mla_split_rope_q(q, heads, nope, rope_dim, positions, rope)?;
+            self.mla_store_kv(pool, layer, kv_a, norm_w, eps, positions, slots, rope)?;
+            return Ok(q);
+        }
+        let (pb, sb, fb) = (self.step_array(StepArray::Positions, positions)?, self.step_array(StepArray::Slots, slots)?, self.cached_f32_bits(&rope.inv_freq)?);
+        let (pb, sb, fb) = (&*pb, &*sb, &*fb);
+        let mut qn = self.out(m * heads * nope)?;
+        let mut qp = self.out(m * heads * rope_dim)?;
+        let (m32, h, n, lat, rd, inter) = (m as u32, heads as u32, nope as u32, lay.latent_dim as u32, rope_dim as u32, rope.interleaved as i32);
+        let kernel = if pool.bf16() { "rope_q_store_kv_bf16" } else { "rope_q_store_kv" };
+        let mut view = pool.layer_mut(layer);
+        let mut l = self.stream.launch_builder(self.func(kernel));
+        l.arg(&mut view).arg(q).arg(&mut qn).arg(&mut qp).arg(kv_a).arg(norm_w).arg(pb).arg(sb).arg(fb);
+        l.arg(&m32).arg(&h).arg(&n).arg(&lat).arg(&rd).arg(&eps).arg(&rope.attention_factor).arg(&inter);
+        unsafe { l.launch(cfg(m * (heads + 1), 0)) }.map_err(dev)?;
+        Ok((qn, qp))
+    }
+
     fn mla_attention(&self, pool: &CudaKvPool, layer: usize, q_lat: &CudaSlice<f32>, q_pe: &CudaSlice<f32>, heads: usize, rows: &[AttnRow<'_>], scale: f32) -> Result<CudaSlice<f32>> {
         let l = pool.layout;
         if q_lat.len() != rows.len() * heads * l.latent_dim || q_pe.len() != rows.len() * heads * l.rope_dim || layer >= l.layers {

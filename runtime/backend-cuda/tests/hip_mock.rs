@@ -204,6 +204,56 @@ fn mla_attention_for_8_12_16_20_heads() {
     }
 }
 
+/// A layer's query split/rope and latent store in one launch (`rope_q_store_kv`): the same
+/// queries and the same pool, bit for bit, as the two kernels apart; near the CPU's (the trait's
+/// default: the two ops); f32 and bf16 caches, one and five rows over scattered slots; a slot
+/// outside the pool is an error.
+#[test]
+fn rope_q_and_latent_store_in_one_launch_equal_the_two_ops() {
+    let (mut g, c) = (mock(), CpuBackend::new());
+    let mut r = Rng(31);
+    let (heads, nope, rd, latent) = (12, 128, 64, 512);
+    let rp = RopeParams { inv_freq: (0..rd / 2).map(|i| 50000f32.powf(-(2.0 * i as f32) / rd as f32)).collect(), attention_factor: 1.1, interleaved: true };
+    for dtype in [KvDtype::F32, KvDtype::Bf16] {
+        let layout = KvLayout { layers: 2, num_pages: 4, page_size: 16, latent_dim: latent, rope_dim: rd, dtype };
+        for m in [1usize, 5] {
+            let (q, kv, norm_w) = (r.vec(m * heads * (nope + rd), 1.0), r.vec(m * (latent + rd), 2.0), r.vec(latent, 1.0));
+            let pos: Vec<u32> = (0..m as u32).map(|i| 7 + 3 * i).collect();
+            let slots: Vec<u32> = (0..m as u32).map(|i| 63 - 5 * i).collect();
+            let (qg, kvg, nwg) = (g.upload(&q).unwrap(), g.upload(&kv).unwrap(), g.upload(&norm_w).unwrap());
+            let mut outs = vec![];
+            for fused in [true, false] {
+                g.fused_rope_store = fused;
+                let mut pool = g.alloc_kv_pool(layout).unwrap();
+                let (qn, qp) = g.mla_rope_q_store_kv(&qg, heads, nope, rd, &mut pool, 1, &kvg, &nwg, 1e-6, &pos, &slots, &rp).unwrap();
+                outs.push((g.download(&qn).unwrap(), g.download(&qp).unwrap(), g.download(&pool.data).unwrap()));
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            for (i, what) in ["q_nope", "q_pe", "pool"].iter().enumerate() {
+                let (a, b) = match i {
+                    0 => (&outs[0].0, &outs[1].0),
+                    1 => (&outs[0].1, &outs[1].1),
+                    _ => (&outs[0].2, &outs[1].2),
+                };
+                assert!(bits(a) == bits(b), "{dtype:?} m={m}: {what} of the one launch differs from the two kernels'");
+            }
+            assert!(outs[0].2.iter().any(|&v| v != 0.0), "{dtype:?} m={m}: nothing stored");
+            let mut pc = c.alloc_kv_pool(layout).unwrap();
+            let (qn, qp) = c.mla_rope_q_store_kv(&q, heads, nope, rd, &mut pc, 1, &kv, &norm_w, 1e-6, &pos, &slots, &rp).unwrap();
+            check(&format!("q_nope ({dtype:?}, m={m})"), &outs[0].0, &qn, 1e-6);
+            check(&format!("q_pe ({dtype:?}, m={m})"), &outs[0].1, &qp, 1e-5);
+            if dtype == KvDtype::F32 {
+                check(&format!("stored latents (m={m})"), &outs[0].2, &pc.data, 1e-5);
+            }
+        }
+        g.fused_rope_store = true;
+        let mut pool = g.alloc_kv_pool(layout).unwrap();
+        let (q, kv) = (g.upload(&r.vec(heads * (nope + rd), 1.0)).unwrap(), g.upload(&r.vec(latent + rd, 1.0)).unwrap());
+        let err = g.mla_rope_q_store_kv(&q, heads, nope, rd, &mut pool, 0, &kv, &g.upload(&r.vec(latent, 1.0)).unwrap(), 1e-6, &[0], &[64], &rp).err().expect("slot outside the pool");
+        assert!(err.to_string().contains("outside pool"), "{err}");
+    }
+}
+
 /// Prefill runs through the GEMM path (`mla_prefill.rs`, served here by the stand-in GEMM the
 /// mock build has; real HIP builds keep the decode kernels): a run of 72 rows attending in query
 /// tiles of 32 (tiles multiply only the keys their last row sees), beside a decode row and a

@@ -314,6 +314,29 @@ pub trait Backend: Send + Sync + 'static {
     /// both in the pool at `slots` (page * page_size + offset) of `layer`.
     #[allow(clippy::too_many_arguments)]
     fn mla_store_kv(&self, pool: &mut Self::KvPool, layer: usize, kv_a: &Self::Buf, norm_w: &Self::Buf, eps: f32, positions: &[u32], slots: &[u32], rope: &RopeParams) -> Result<()>;
+    /// `mla_split_rope_q` of `q` and `mla_store_kv` of `kv_a`, the same `m` rows: what a layer
+    /// does with its two first projections before attention. Returns `(q_nope, q_pe)`. A
+    /// backend may do both in one pass (the CUDA one launches one kernel).
+    #[allow(clippy::too_many_arguments)]
+    fn mla_rope_q_store_kv(
+        &self,
+        q: &Self::Buf,
+        heads: usize,
+        nope: usize,
+        rope_dim: usize,
+        pool: &mut Self::KvPool,
+        layer: usize,
+        kv_a: &Self::Buf,
+        norm_w: &Self::Buf,
+        eps: f32,
+        positions: &[u32],
+        slots: &[u32],
+        rope: &RopeParams,
+    ) -> Result<(Self::Buf, Self::Buf)> {
+        let q = self.mla_split_rope_q(q, heads, nope, rope_dim, positions, rope)?;
+        self.mla_store_kv(pool, layer, kv_a, norm_w, eps, positions, slots, rope)?;
+        Ok(q)
+    }
     /// Absorbed MLA attention over the latent pool. `q_lat [m, heads, latent]`,
     /// `q_pe [m, heads, rope]`; returns `o_lat [m, heads, latent]` (before W_UV).
     #[allow(clippy::too_many_arguments)]

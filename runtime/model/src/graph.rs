@@ -249,8 +249,7 @@ impl<B: Backend> DeepseekV3<B> {
                 (be.linear(&qa, q_b_proj)?, kv_a)
             }
         };
-        let (q_nope, q_pe) = be.mla_split_rope_q(&q, heads, c.qk_nope_head_dim, c.qk_rope_head_dim, batch.positions, &self.rope)?;
-        be.mla_store_kv(pool, layer, &kv_a, &a.kv_a_layernorm, eps, batch.positions, batch.slots, &self.rope)?;
+        let (q_nope, q_pe) = be.mla_rope_q_store_kv(&q, heads, c.qk_nope_head_dim, c.qk_rope_head_dim, pool, layer, &kv_a, &a.kv_a_layernorm, eps, batch.positions, batch.slots, &self.rope)?;
         let o = be.mla_attention_heads(pool, layer, &q_nope, &q_pe, &a.w_uk_t, &a.w_uv, heads, batch.attn, self.scale)?;
         self.reduce(be.linear(&o, &a.o_proj)?)
     }
