@@ -87,28 +87,37 @@ __device__ __forceinline__ void wgmma_n32_ss(float (&)[16], u64, u64) { WG_TRAP(
 __device__ __forceinline__ void wgmma_n32_ss_first(float (&)[16], u64, u64) { WG_TRAP(); }
 #endif
 
-// Tokens base..base + 63 of the row's context into a tile (rows past `end` zero-filled), by a
-// block of 128 · WGS threads: thread (r = tid / 8, c = tid % 8) copies 16-byte granule c of
-// every 64-column chunk of tokens r, r + R, r + 2R, … (R = 16 · WGS) — rows whose swizzle
-// (row % 8 = r % 8) is the same, so every copy's shared address is one offset plus constants,
-// and the loop is a few instructions per copy. With pages of a multiple of 64 tokens a tile
-// lies in one page (one block-table lookup).
-template <int WGS>
+// Tokens base..base + T - 1 of the row's context into a tile of 64-column chunks of T · 128
+// bytes (rows past `end` zero-filled), by a block of THREADS threads: thread (r = tid / 8,
+// c = tid % 8) copies 16-byte granule c of every 64-column chunk of tokens r, r + R, r + 2R, …
+// (R = THREADS / 8) — rows whose swizzle (row % 8 = r % 8) is the same, so every copy's shared
+// address is one offset plus constants, and the loop is a few instructions per copy. With pages
+// of a multiple of T tokens a tile lies in one page (one block-table lookup; see below).
+template <int T, int THREADS>
 __device__ __forceinline__ void mlw_load(unsigned char* tile, const u16* layer, const u32* table, u32 base, u32 end, u32 page, u32 w) {
+    constexpr int R = THREADS / 8;
+    static_assert(T % R == 0, "a tile is whole passes of the block's rows");
     const u32 r = threadIdx.x / 8, c = threadIdx.x % 8, gw = w / 8, nc = (w + 63) / 64;
     unsigned char* dst = tile + r * 128 + (c ^ (r % 8)) * 16;
-    const bool one_page = page % MLW_T == 0;
+    // One lookup a tile only for 64-token tiles: the 64-head kernel's 32-token tiles measured
+    // 2.5 % slower with it (32, 64 and 128 heads, same binary and H100, round 21) — kept per
+    // token there. WEFT_MLW_PER_TOKEN: per token for every tile (a comparison variant).
+#ifdef WEFT_MLW_PER_TOKEN
+    const bool one_page = false;
+#else
+    const bool one_page = T >= 64 && page % T == 0;
+#endif
     const i64 row0 = one_page ? (i64)table[base / page] * page + base % page : 0;
 #pragma unroll
-    for (int tg = 0; tg < MLW_T / (16 * WGS); tg++) {
-        const u32 tt = r + 16 * WGS * tg, tok = base + tt;
+    for (int tg = 0; tg < T / R; tg++) {
+        const u32 tt = r + R * tg, tok = base + tt;
         const bool in = tok < end;
         const i64 row = one_page ? row0 + tt : in ? (i64)table[tok / page] * page + tok % page : 0;
         const u16* src = in ? layer + row * w + 8 * c : layer;
         const u32 bytes = in ? 16 : 0;
 #pragma unroll
         for (int ch = 0; ch < 9; ch++)
-            if ((u32)ch < nc && 8 * ch + c < gw) cp_async16(dst + ch * MLW_CHUNK + tg * 16 * WGS * 128, src + 64 * ch, bytes);
+            if ((u32)ch < nc && 8 * ch + c < gw) cp_async16(dst + ch * (T * 128) + tg * R * 128, src + 64 * ch, bytes);
     }
     cp_async_commit();
 }
@@ -154,7 +163,7 @@ __device__ __forceinline__ void mla_wg_body(const u16* layer, const float* q_lat
     const u32 k0 = wg * nks / WGS, k1 = (wg + 1) * nks / WGS;
     const MlaBlock B = mla_block(MLW_T, ctx, bt, bt_off, heads, groups, gsize, chunk);
     const u32 ntiles = (B.t_end - B.t_begin + MLW_T - 1) / MLW_T;
-    if (ntiles > 0) mlw_load<WGS>(tiles, layer, B.table, B.t_begin, B.t_end, page, w);
+    if (ntiles > 0) mlw_load<MLW_T, 128 * WGS>(tiles, layer, B.table, B.t_begin, B.t_end, page, w);
     // Q^T while the first tile loads: granule j of head h's query as bf16 hi (row h) and lo
     // (row h + 16) parts; heads past the group are zero rows.
     for (u32 e = tid; e < MLW_HB * gw; e += blockDim.x) {
@@ -187,7 +196,7 @@ __device__ __forceinline__ void mla_wg_body(const u16* layer, const float* q_lat
         fence_async_shared();
         __syncthreads();
         // The other buffer's last readers (the previous tile's products) are done: load ahead.
-        if (it + 1 < ntiles) mlw_load<WGS>(tiles + ((it + 1) % 2) * nc * MLW_CHUNK, layer, B.table, base + MLW_T, B.t_end, page, w);
+        if (it + 1 < ntiles) mlw_load<MLW_T, 128 * WGS>(tiles + ((it + 1) % 2) * nc * MLW_CHUNK, layer, B.table, base + MLW_T, B.t_end, page, w);
         // (The first product ignores the accumulator: no other instruction defines it, so the
         // chain is not serialised.)
         // (Descriptors as a base plus offsets: the address arithmetic is most of what a warp
@@ -351,20 +360,6 @@ __device__ __forceinline__ void wgmma_n64_rs(float (&d)[32], const u32 (&a)[4], 
 __device__ __forceinline__ void wgmma_n64_rs(float (&)[32], const u32 (&)[4], u64) { WG_TRAP(); }
 #endif
 
-// Tokens base..base + 31 into a tile (rows past `end` zero-filled) by 256 threads: thread
-// (r = tid / 8, c = tid % 8) copies 16-byte granule c of every 64-column chunk of token r.
-__device__ __forceinline__ void mlh_load(unsigned char* tile, const u16* layer, const u32* table, u32 base, u32 end, u32 page, u32 w) {
-    const u32 r = threadIdx.x / 8, c = threadIdx.x % 8, gw = w / 8, nc = (w + 63) / 64, tok = base + r;
-    unsigned char* dst = tile + r * 128 + (c ^ (r % 8)) * 16;
-    const bool in = tok < end;
-    const u16* src = in ? layer + ((i64)table[tok / page] * page + tok % page) * w + 8 * c : layer;
-    const u32 bytes = in ? 16 : 0;
-#pragma unroll
-    for (int ch = 0; ch < 9; ch++)
-        if ((u32)ch < nc && 8 * ch + c < gw) cp_async16(dst + ch * MLH_CHUNK, src + 64 * ch, bytes);
-    cp_async_commit();
-}
-
 // Same inputs, grid and partial outputs as mla_decode_wg2_bf16; blocks of 256 threads, head
 // groups of at most 64 (gsize), latent at most 512 in whole 64-column tiles. PARTS = 2: queries
 // and weights as hi and lo bf16 parts (the default's precision); 1: both rounded to bf16 once
@@ -385,7 +380,7 @@ __device__ __forceinline__ void mla_wgh_body(const u16* layer, const float* q_la
     const u32 k0 = wg * nks / 2, k1 = (wg + 1) * nks / 2;
     const MlaBlock B = mla_block(MLH_T, ctx, bt, bt_off, heads, groups, gsize, chunk);
     const u32 ntiles = (B.t_end - B.t_begin + MLH_T - 1) / MLH_T;
-    if (ntiles > 0) mlh_load(tiles, layer, B.table, B.t_begin, B.t_end, page, w);
+    if (ntiles > 0) mlw_load<MLH_T, 256>(tiles, layer, B.table, B.t_begin, B.t_end, page, w);
     // Queries while the first tile loads: granule j of head h as bf16 hi and lo parts, rows
     // past the group zero.
     for (u32 e = tid; e < 64 * gw; e += blockDim.x) {
@@ -413,7 +408,7 @@ __device__ __forceinline__ void mla_wgh_body(const u16* layer, const float* q_la
         fence_async_shared();
         __syncthreads();
         // The other buffer's readers (the previous tile's products) are done: load ahead.
-        if (it + 1 < ntiles) mlh_load(tiles + ((it + 1) % 2) * nc * MLH_CHUNK, layer, B.table, base + MLH_T, B.t_end, page, w);
+        if (it + 1 < ntiles) mlw_load<MLH_T, 256>(tiles + ((it + 1) % 2) * nc * MLH_CHUNK, layer, B.table, base + MLH_T, B.t_end, page, w);
         float s[16];
         const u64 dt = wg_desc(tile), dtv = wg_desc_mn(tile);
         wg_fence();

@@ -193,6 +193,11 @@ inline float emu_shfl_xor(float v, int o) {
 // shuffles' alternation of slot sets.
 static unsigned emu_frag[2][4096][6];
 inline float emu_bf16(unsigned r, int half) { return __uint_as_float(half ? (r & 0xffff0000u) : (r << 16)); }
+// Element (r, k) of a 16 x 16 A operand in mma.sync's fragment layout, from the fragments the
+// warp whose first thread is `base` posted (registers 0..3 of each slot).
+inline float emu_frag_a(unsigned (*slots)[6], unsigned base, unsigned r, unsigned k) {
+    return emu_bf16(slots[base + (r % 8) * 4 + (k % 8) / 2][(r >= 8) + 2 * (k >= 8)], k % 2);
+}
 inline void emu_mma_bf16_16816(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
     if (emu_warp != 32) { std::fprintf(stderr, "emulated mma.sync needs 32-lane sub-groups\n"); std::abort(); }
     unsigned t = emu_cur, base = t / 32 * 32, lane = t - base, g = lane / 4, q = lane % 4;
@@ -200,12 +205,11 @@ inline void emu_mma_bf16_16816(float (&d)[4], unsigned a0, unsigned a1, unsigned
     const unsigned mine[6] = {a0, a1, a2, a3, b0, b1};
     std::memcpy(slots[t], mine, sizeof mine);
     emu_warp_barriers[t / emu_warp].wait();
-    auto A = [&](unsigned r, unsigned k) { return emu_bf16(slots[base + (r % 8) * 4 + (k % 8) / 2][(r >= 8) + 2 * (k >= 8)], k % 2); };
     auto B = [&](unsigned k, unsigned n) { return emu_bf16(slots[base + n * 4 + (k % 8) / 2][4 + (k >= 8)], k % 2); };
     for (unsigned i = 0; i < 4; i++) {
         unsigned r = g + 8 * (i / 2), n = 2 * q + i % 2;
         float acc = d[i];
-        for (unsigned k = 0; k < 16; k++) acc += A(r, k) * B(k, n);
+        for (unsigned k = 0; k < 16; k++) acc += emu_frag_a(slots, base, r, k) * B(k, n);
         d[i] = acc;
     }
 }
@@ -261,12 +265,11 @@ inline void emu_wgmma_n64_rs(float (&d)[32], const unsigned (&a)[4], unsigned lo
     unsigned (*slots)[6] = emu_frag[emu_lane_turn[t]++ & 1];
     std::memcpy(slots[t], a, 4 * sizeof(unsigned));
     emu_warp_barriers[t / emu_warp].wait();
-    auto A = [&](unsigned r, unsigned k) { return emu_bf16(slots[base + (r % 8) * 4 + (k % 8) / 2][(r >= 8) + 2 * (k >= 8)], k % 2); };
     for (unsigned j = 0; j < 8; j++)
         for (unsigned i = 0; i < 4; i++) {
             unsigned r = g + 8 * (i / 2), n = 8 * j + 2 * q + i % 2;
             float acc = d[4 * j + i];
-            for (unsigned k = 0; k < 16; k++) acc += A(r, k) * emu_swizzled_mn_bf16(db, n, k);
+            for (unsigned k = 0; k < 16; k++) acc += emu_frag_a(slots, base, r, k) * emu_swizzled_mn_bf16(db, n, k);
             d[4 * j + i] = acc;
         }
 }
