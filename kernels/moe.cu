@@ -233,7 +233,7 @@ extern "C" __global__ void moe_route_plan(const float* logits, const float* bias
     __shared__ bool last;
     route_token(logits, bias, E, K, S, n_group, topk_group, norm, scaling, ids, wts);
 #ifndef WEFT_ROUTE_PLAN_COUNTER
-    if (gridDim.x == 1 && K + S <= min(blockDim.x, (u32)MOE_MAX_ONE)) {
+    if (gridDim.x == 1 && K + S <= (u32)MOE_MAX_ONE && K + S <= (u32)blockDim.x) {
         __syncthreads();
         plan_one_token(ids, K + S, E, S, first, held, maxa, plan);
         return;
