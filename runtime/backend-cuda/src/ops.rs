@@ -260,6 +260,19 @@ impl CudaBackend {
 }
 
 /// Every row's context covered by its block table, every page inside the pool.
+/// `mla_store_kv`'s arguments: `kv_a` whole rows of the cache's width (returns how many), as
+/// many positions and slots, a layer of the pool, every slot inside it.
+fn check_store_kv(lay: KvLayout, layer: usize, kv_a: usize, positions: &[u32], slots: &[u32]) -> Result<usize> {
+    let m = check_rows("mla_store_kv", kv_a, lay.width())?;
+    if positions.len() != m || slots.len() != m || layer >= lay.layers {
+        return Err(shape("mla_store_kv", format!("{m} rows, {} positions, {} slots, layer {layer}", positions.len(), slots.len())));
+    }
+    if let Some(bad) = slots.iter().find(|&&s| s as usize >= lay.num_pages * lay.page_size) {
+        return Err(shape("mla_store_kv", format!("slot {bad} outside pool")));
+    }
+    Ok(m)
+}
+
 fn check_mla_rows(l: KvLayout, rows: &[AttnRow<'_>]) -> Result<()> {
     if l.latent_dim > 4 * BLOCK as usize {
         return Err(shape("mla_attention", format!("latent dim {} above {}", l.latent_dim, 4 * BLOCK)));
@@ -504,14 +517,8 @@ impl Backend for CudaBackend {
 
     fn mla_store_kv(&self, pool: &mut CudaKvPool, layer: usize, kv_a: &CudaSlice<f32>, norm_w: &CudaSlice<f32>, eps: f32, positions: &[u32], slots: &[u32], rope: &RopeParams) -> Result<()> {
         let lay = pool.layout;
-        let m = check_rows("mla_store_kv", kv_a.len(), lay.width())?;
-        if positions.len() != m || slots.len() != m || layer >= lay.layers {
-            return Err(shape("mla_store_kv", format!("{m} rows, {} positions, {} slots, layer {layer}", positions.len(), slots.len())));
-        }
-        if let Some(bad) = slots.iter().find(|&&s| s as usize >= lay.num_pages * lay.page_size) {
-            return Err(shape("mla_store_kv", format!("slot {bad} outside pool")));
-        }
-        let (pb, sb, fb) = (self.step_array(StepArray::Positions, positions)?, self.step_array(StepArray::Slots, slots)?, self.cached_f32_bits(&rope.inv_freq)?);
+        let m = check_store_kv(lay, layer, kv_a.len(), positions, slots)?;
+        let [pb, sb, fb] = self.store_kv_arrays(positions, slots, rope)?;
         let (pb, sb, fb) = (&*pb, &*sb, &*fb);
         let (lat, rd, inter) = (lay.latent_dim as u32, lay.rope_dim as u32, rope.interleaved as i32);
         let kernel = if pool.bf16() { "store_kv_bf16" } else { "store_kv" };
@@ -539,15 +546,15 @@ impl Backend for CudaBackend {
     ) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
         let lay = pool.layout;
         let m = check_rows("mla_split_rope_q", q.len(), heads * (nope + rope_dim))?;
+        let stored = check_store_kv(lay, layer, kv_a.len(), positions, slots)?;
         // One launch where the two agree (the queries' rope width is the cache's, the same
-        // rows); anything else goes through the two ops, whose checks say what is wrong.
-        let one = self.fused_rope_store && heads > 0 && rope_dim == lay.rope_dim && kv_a.len() == m * lay.width() && positions.len() == m && slots.len() == m && layer < lay.layers;
-        if !one || slots.iter().any(|&s| s as usize >= lay.num_pages * lay.page_size) {
+        // rows); else the two ops (whose checks say what is wrong, if anything).
+        if !self.fused_rope_store || heads == 0 || rope_dim != lay.rope_dim || m != stored {
             let q = self.mla_split_rope_q(q, heads, nope, rope_dim, positions, rope)?;
             self.mla_store_kv(pool, layer, kv_a, norm_w, eps, positions, slots, rope)?;
             return Ok(q);
         }
-        let (pb, sb, fb) = (self.step_array(StepArray::Positions, positions)?, self.step_array(StepArray::Slots, slots)?, self.cached_f32_bits(&rope.inv_freq)?);
+        let [pb, sb, fb] = self.store_kv_arrays(positions, slots, rope)?;
         let (pb, sb, fb) = (&*pb, &*sb, &*fb);
         let mut qn = self.out(m * heads * nope)?;
         let mut qp = self.out(m * heads * rope_dim)?;
@@ -706,6 +713,12 @@ impl Backend for CudaBackend {
 }
 
 impl CudaBackend {
+    /// The step arrays a latent store reads (positions, slots) and the rope's frequencies as
+    /// bits, for `store_kv*` and `rope_q_store_kv*`.
+    fn store_kv_arrays(&self, positions: &[u32], slots: &[u32], rope: &RopeParams) -> Result<[std::sync::Arc<CudaSlice<u32>>; 3]> {
+        Ok([self.step_array(StepArray::Positions, positions)?, self.step_array(StepArray::Slots, slots)?, self.cached_f32_bits(&rope.inv_freq)?])
+    }
+
     /// MoE of the routed experts `first..` this backend holds (all of them unless
     /// expert-parallel): the device path when the batch fits it (it routes over every expert
     /// and computes the pairs of the ones held), else routing on the host.
