@@ -24,10 +24,11 @@ struct WeightRef {
 // read once and used for all R rows (R > 1 cuts the activation traffic through L1 by R, which
 // is what limits batches of several rows). T, the activation rows per pass, is 1 for a single
 // decoding sequence (fewer registers, more resident sub-groups) and GEMV_TB otherwise.
-template <int KIND, int R, int T>
+// U (chunks a lane loads per row and pass) may be set by a caller whose rows are a little
+// longer than one pass of the default (Moonlight's down rows: 176 chunks against 128).
+template <int KIND, int R, int T, int U = 8 / R>
 __device__ __forceinline__ void rows_dot(WeightRef W, const u32* rix, u32 nr, u32 cols, const float* x, i64 xstride, const u32* xrow, u32 nt, float (&acc)[R][T]) {
     constexpr int E = KIND == WK_FP8 ? 16 : KIND == WK_F32 ? 4 : 8;  // elements per 16-byte chunk
-    constexpr int U = 8 / R;
     const u32 lane = threadIdx.x % WEFT_WARP, n = cols / E;
     const uint4* rowp[R];
     const float* srow[R];

@@ -261,6 +261,14 @@ __device__ __forceinline__ WeightRef expert_ref(ExpertTable T, u32 e) {
     return W;
 }
 
+// Chunks a lane loads per row and pass in the two expert kernels below (rows_dot's U; the
+// default 8 / rows a sub-group). Variants for comparisons (WEFT_CUDA_KERNEL_DEFINES).
+#ifndef MOE_GU_U
+#define MOE_GU_U 4
+#endif
+#ifndef MOE_DOWN_U
+#define MOE_DOWN_U 4
+#endif
 // h[entry, r] = silu(gate_r · x[token]) * (up_r · x[token]) for the active expert of block
 // blockIdx.x / tiles; one sub-group per row r of its tile. gate_up is [2*inter, hidden].
 template <int FP8, int NT>
@@ -282,7 +290,7 @@ __device__ void moe_gate_up_body(ExpertTable T, const u32* plan, u32 maxa, const
         // The gate row and the up row together: one read of each activation chunk for both.
         float acc[2][NT];
         u32 rix[2] = {r, inter + r};
-        rows_dot<FP8, 2, NT>(W, rix, 2, hidden, x, hidden, tok, nt, acc);
+        rows_dot<FP8, 2, NT, MOE_GU_U>(W, rix, 2, hidden, x, hidden, tok, nt, acc);
         if (threadIdx.x % WEFT_WARP == 0)
             for (u32 t = 0; t < nt; t++) h[(i64)ent[i0 + t] * inter + r] = acc[0][t] / (1.0f + expf(-acc[0][t])) * acc[1][t];
     }
@@ -314,7 +322,7 @@ __device__ void moe_down_body(ExpertTable T, const u32* plan, u32 maxa, const fl
 #pragma unroll
         for (int t = 0; t < NT; t++) idx[t] = t < nt ? ent[i0 + t] : 0;
         float acc[R][NT];
-        rows_dot<FP8, R, NT>(W, rix, nr, inter, h, inter, idx, nt, acc);
+        rows_dot<FP8, R, NT, MOE_DOWN_U>(W, rix, nr, inter, h, inter, idx, nt, acc);
         if (threadIdx.x % WEFT_WARP == 0)
             for (u32 q = 0; q < nr; q++)
                 for (u32 t = 0; t < nt; t++) y[(i64)idx[t] * hidden + r0 + q] = acc[q][t];
