@@ -259,7 +259,6 @@ impl CudaBackend {
     }
 }
 
-/// Every row's context covered by its block table, every page inside the pool.
 /// `mla_store_kv`'s arguments: `kv_a` whole rows of the cache's width (returns how many), as
 /// many positions and slots, a layer of the pool, every slot inside it.
 fn check_store_kv(lay: KvLayout, layer: usize, kv_a: usize, positions: &[u32], slots: &[u32]) -> Result<usize> {
@@ -273,6 +272,7 @@ fn check_store_kv(lay: KvLayout, layer: usize, kv_a: usize, positions: &[u32], s
     Ok(m)
 }
 
+/// Every row's context covered by its block table, every page inside the pool.
 fn check_mla_rows(l: KvLayout, rows: &[AttnRow<'_>]) -> Result<()> {
     if l.latent_dim > 4 * BLOCK as usize {
         return Err(shape("mla_attention", format!("latent dim {} above {}", l.latent_dim, 4 * BLOCK)));
