@@ -264,10 +264,10 @@ __device__ __forceinline__ WeightRef expert_ref(ExpertTable T, u32 e) {
 // Chunks a lane loads per row and pass in the two expert kernels below (rows_dot's U; the
 // default 8 / rows a sub-group). Variants for comparisons (WEFT_CUDA_KERNEL_DEFINES).
 #ifndef MOE_GU_U
-#define MOE_GU_U 4
+#define MOE_GU_U (8 / 2)
 #endif
 #ifndef MOE_DOWN_U
-#define MOE_DOWN_U 4
+#define MOE_DOWN_U (8 / MOE_DOWN_ROWS) // MOE_DOWN_ROWS is defined below, before its use
 #endif
 // h[entry, r] = silu(gate_r · x[token]) * (up_r · x[token]) for the active expert of block
 // blockIdx.x / tiles; one sub-group per row r of its tile. gate_up is [2*inter, hidden].
