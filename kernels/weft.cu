@@ -149,6 +149,41 @@ extern "C" __global__ void add_halves(const float* __restrict__ s, float* __rest
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) out[i] = s[i] + s[n + i];
 }
 
+// silu(gate) · up of row blockIdx.x of a gate|up product given whole (half 0) or as the two
+// stacked halves of a two-part GEMM (`half` values apart, added first as add_halves does), into
+// f32 (`silu_mul_halves`) or straight into the bf16 parts of the down product's activations
+// (`silu_mul_split`: hi, and lo when `two`, rounded as cast_f32_bf16_split): the same bits as
+// add_halves, silu_mul and the cast one after the other, in one launch (ops.rs `halves`).
+__device__ __forceinline__ float silu_mul_at(const float* gu, i64 half, u32 inter, u32 j) {
+    const float* g = gu + (i64)blockIdx.x * 2 * inter;
+    float a = g[j], u = g[inter + j];
+    if (half) {
+        a = a + g[half + j];
+        u = u + g[half + inter + j];
+    }
+    return a / (1.0f + expf(-a)) * u;
+}
+extern "C" __global__ void silu_mul_halves(const float* __restrict__ gu, i64 half, float* __restrict__ out, u32 inter) { WEFT_PDL_ENTRY();
+    for (u32 j = threadIdx.x; j < inter; j += blockDim.x) out[(i64)blockIdx.x * inter + j] = silu_mul_at(gu, half, inter, j);
+}
+extern "C" __global__ void silu_mul_split(const float* __restrict__ gu, i64 half, u16* __restrict__ hi, u16* __restrict__ lo, u32 inter, int two) { WEFT_PDL_ENTRY();
+    for (u32 j = threadIdx.x; j < inter; j += blockDim.x) {
+        const float v = silu_mul_at(gu, half, inter, j);
+        const i64 i = (i64)blockIdx.x * inter + j;
+        const u16 h = f32_to_bf16(v);
+        hi[i] = h;
+        if (two) lo[i] = f32_to_bf16(v - bf16_to_f32(h));
+    }
+}
+
+// add_halves of two products in one launch: out_a = s_a's halves (n_a values), then out_b.
+extern "C" __global__ void add_halves2(const float* __restrict__ sa, float* __restrict__ oa, i64 na, const float* __restrict__ sb, float* __restrict__ ob, i64 nb) { WEFT_PDL_ENTRY();
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < na + nb; i += (i64)gridDim.x * blockDim.x) {
+        if (i < na) oa[i] = sa[i] + sa[na + i];
+        else ob[i - na] = sb[i - na] + sb[nb + i - na];
+    }
+}
+
 extern "C" __global__ void silu_mul(const float* __restrict__ gu, float* __restrict__ out, u32 inter) { WEFT_PDL_ENTRY();
     const float* g = gu + (i64)blockIdx.x * 2 * inter;
     for (u32 j = threadIdx.x; j < inter; j += blockDim.x) {

@@ -33,6 +33,7 @@ mod emu;
 mod gemv;
 mod gqa;
 mod graphs;
+mod halves;
 mod mla;
 pub use mla::{MmgSpec, MMG_KERNELS};
 #[cfg(any(feature = "cuda", feature = "hip-mock"))]
@@ -111,6 +112,9 @@ pub const KERNELS: &[&str] = &[
     "add_rms_norm",
     "add_inplace",
     "add_halves",
+    "add_halves2",
+    "silu_mul_halves",
+    "silu_mul_split",
     "moe_pairs_split",
     "moe_pairs_silu_split",
     "moe_pairs_combine",
@@ -325,6 +329,9 @@ pub struct CudaBackend {
     /// A layer's query split/rope and latent store in one launch (`rope_q_store_kv`;
     /// `WEFT_CUDA_ROPE_STORE=0`: the two kernels, for comparisons).
     pub fused_rope_store: bool,
+    /// Stacked two-part GEMM outputs added by their consumers (`halves.rs`;
+    /// `WEFT_CUDA_HALVES=0`: `add_halves` after each, for comparisons).
+    pub halves: bool,
     /// Tensor-core expert kernels for several tokens per expert (`WEFT_CUDA_MMA=0`: the
     /// CUDA-core ones, for comparisons).
     pub mma: bool,
@@ -680,6 +687,7 @@ impl CudaBackend {
             all_f32,
             slow_paths,
             fused_rope_store: std::env::var("WEFT_CUDA_ROPE_STORE").map_or(true, |v| v != "0"),
+            halves: std::env::var("WEFT_CUDA_HALVES").map_or(true, |v| v != "0"),
             mma,
             wgmma: mma && arch == "sm_90a" && std::env::var("WEFT_CUDA_WGMMA").map_or(true, |v| v != "0"),
             mla_mma: mma && std::env::var("WEFT_CUDA_MLA_MMA").map_or(true, |v| v != "0"),

@@ -159,6 +159,19 @@ impl CudaBackend {
     /// (`to_bf16_parts`; bf16 weights only), `[n, m, k, batch, ldb, ldc]`; `accumulate` adds
     /// the product to `out` instead of overwriting it.
     pub(crate) fn gemm_from(&self, wm: &CudaMatrix, x: Act<'_>, out: &mut CudaSlice<f32>, dims: [usize; 6], accumulate: bool) -> Result<()> {
+        self.gemm_core(wm, x, out, dims, accumulate, false)
+    }
+
+    /// Whether [`Self::gemm_from`] multiplies the two parts as one GEMM of 2m stacked rows
+    /// (a plain linear of a few rows, every row taking the second part, bf16 weights).
+    pub(crate) fn stacks(&self, wm: &CudaMatrix, dims: [usize; 6], accumulate: bool) -> bool {
+        let [n, m, k, batch, ldb, ldc] = dims;
+        wm.f32_data.is_none() && !accumulate && batch == 1 && ldb == k && ldc == n && m > 0 && m <= self.gemm_stack_max_m && self.lo_ranges(m) == [(0, m)]
+    }
+
+    /// [`Self::gemm_from`]; with `halves`, where it stacks (`stacks`), the GEMM's `[2m, n]`
+    /// output goes to `out` as it is, its halves left for the caller to add (`halves.rs`).
+    pub(crate) fn gemm_core(&self, wm: &CudaMatrix, x: Act<'_>, out: &mut CudaSlice<f32>, dims: [usize; 6], accumulate: bool, halves: bool) -> Result<()> {
         let [n, m, k, batch, ldb, ldc] = dims;
         let scratch = if wm.f32_data.is_none() { self.dequant(wm)? } else { None };
         let w = match (&wm.f32_data, &scratch) {
@@ -198,8 +211,11 @@ impl CudaBackend {
         let elem = if ty == cudaDataType::CUDA_R_16BF { 2 } else { 4 };
         // Two parts of a few rows (a plain linear): one GEMM over the parts stacked as 2m rows
         // (they lie one after the other, `m * ldb` elements apart), then add the halves.
-        let stack = !accumulate && passes.len() == 2 && lo_ranges == [(0, m)] && batch == 1 && ldb == k && ldc == n && m > 0 && m <= self.gemm_stack_max_m;
-        let mut stacked = if stack { Some(self.alloc::<f32>(2 * m * n)?) } else { None };
+        let stack = passes.len() == 2 && self.stacks(wm, dims, accumulate);
+        if halves && (!stack || out.len() < 2 * m * n) {
+            return Err(shape("gemm", format!("{m} rows x {n} as halves: the product does not stack into {} values", out.len())));
+        }
+        let mut stacked = if stack && !halves { Some(self.alloc::<f32>(2 * m * n)?) } else { None };
         {
             let blas = self.blas.lock().unwrap();
             let (pc, _gc) = match stacked.as_mut() {
@@ -438,6 +454,10 @@ impl Backend for CudaBackend {
         // Both on cuBLAS with split activations: x split into its parts once for the two.
         if self.gemm_split && a.cols == b.cols && self.on_cublas(a, m) && self.on_cublas(b, m) {
             let parts = self.to_bf16_parts(x, m * a.cols, !self.lo_ranges(m).is_empty())?;
+            if self.halves {
+                let (pa, pb) = (self.product(a, Act::Parts(&parts), m)?, self.product(b, Act::Parts(&parts), m)?);
+                return self.whole_pair(pa, pb, m, a.rows, b.rows);
+            }
             let (mut ya, mut yb) = (self.out(m * a.rows)?, self.out(m * b.rows)?);
             self.gemm_from(a, Act::Parts(&parts), &mut ya, [a.rows, m, a.cols, 1, a.cols, a.rows], false)?;
             self.gemm_from(b, Act::Parts(&parts), &mut yb, [b.rows, m, b.cols, 1, b.cols, b.rows], false)?;
@@ -495,6 +515,10 @@ impl Backend for CudaBackend {
         if self.gemv_fits(gate_up, m) && gate_up.f32_data.is_none() {
             return self.gemv_gated(gate_up, x, m, inter);
         }
+        if self.halves && self.on_cublas(gate_up, m) {
+            let gu = self.product(gate_up, Act::F32(x), m)?;
+            return self.silu_mul_product(&gu, m, inter);
+        }
         let gu = self.linear(x, gate_up)?;
         self.silu_mul(&gu, inter)
     }
@@ -516,17 +540,8 @@ impl Backend for CudaBackend {
     }
 
     fn mla_store_kv(&self, pool: &mut CudaKvPool, layer: usize, kv_a: &CudaSlice<f32>, norm_w: &CudaSlice<f32>, eps: f32, positions: &[u32], slots: &[u32], rope: &RopeParams) -> Result<()> {
-        let lay = pool.layout;
-        let m = check_store_kv(lay, layer, kv_a.len(), positions, slots)?;
-        let [pb, sb, fb] = self.store_kv_arrays(positions, slots, rope)?;
-        let (pb, sb, fb) = (&*pb, &*sb, &*fb);
-        let (lat, rd, inter) = (lay.latent_dim as u32, lay.rope_dim as u32, rope.interleaved as i32);
-        let kernel = if pool.bf16() { "store_kv_bf16" } else { "store_kv" };
-        let mut view = pool.layer_mut(layer);
-        let mut l = self.stream.launch_builder(self.func(kernel));
-        l.arg(&mut view).arg(kv_a).arg(norm_w).arg(pb).arg(sb).arg(fb).arg(&lat).arg(&rd).arg(&eps).arg(&rope.attention_factor).arg(&inter);
-        unsafe { l.launch(cfg(m, 0)) }.map_err(dev)?;
-        Ok(())
+        let m = check_store_kv(pool.layout, layer, kv_a.len(), positions, slots)?;
+        self.launch_store_kv(pool, layer, kv_a, norm_w, eps, positions, slots, rope, m)
     }
 
     fn mla_rope_q_store_kv(
@@ -551,7 +566,7 @@ impl Backend for CudaBackend {
         // rows); else the two ops (whose checks say what is wrong, if anything).
         if !self.fused_rope_store || heads == 0 || rope_dim != lay.rope_dim || m != stored {
             let q = self.mla_split_rope_q(q, heads, nope, rope_dim, positions, rope)?;
-            self.mla_store_kv(pool, layer, kv_a, norm_w, eps, positions, slots, rope)?;
+            self.launch_store_kv(pool, layer, kv_a, norm_w, eps, positions, slots, rope, stored)?;
             return Ok(q);
         }
         let [pb, sb, fb] = self.store_kv_arrays(positions, slots, rope)?;
@@ -687,22 +702,31 @@ impl Backend for CudaBackend {
     }
 
     fn shared_experts(&self, x: &CudaSlice<f32>, shared: &[ExpertWeights<CudaMatrix>]) -> Result<Option<CudaSlice<f32>>> {
-        // Chunks on the cuBLAS path (prefill): x split into its parts once for all of them, the
-        // down products accumulated into one output; else each chunk's MLP, summed.
+        // Chunks on the cuBLAS path (prefill, decode batches past 32 rows): x split into its
+        // parts once for all of them, the down products accumulated into one output; else each
+        // chunk's MLP, summed (a single chunk so too with `halves` off, as before it).
         let hidden = shared.first().map_or(0, |w| w.gate_up.cols);
         let m = if shared.is_empty() { 0 } else { check_rows("moe_block", self.len(x), hidden)? };
         // Every chunk shaped for x (else the ops apart say what is wrong).
         let fits = |w: &ExpertWeights<CudaMatrix>| w.gate_up.cols == hidden && w.gate_up.rows == 2 * w.inter && w.down.rows == hidden && w.down.cols == w.inter;
-        if shared.len() < 2 || !self.gemm_split || !shared.iter().all(|w| fits(w) && self.on_cublas(&w.gate_up, m) && self.on_cublas(&w.down, m)) {
+        if shared.is_empty() || (shared.len() < 2 && !self.halves) || !self.gemm_split || !shared.iter().all(|w| fits(w) && self.on_cublas(&w.gate_up, m) && self.on_cublas(&w.down, m)) {
             return weft_backend::shared_experts_apart(self, x, shared);
         }
         let parts = self.to_bf16_parts(x, m * hidden, !self.lo_ranges(m).is_empty())?;
         let mut out = self.out(m * hidden)?;
         for (i, w) in shared.iter().enumerate() {
+            let down = [hidden, m, w.inter, 1, w.inter, hidden];
+            if self.halves {
+                // silu · up of the gate|up halves, written as the down product's parts.
+                let gu = self.product(&w.gate_up, Act::Parts(&parts), m)?;
+                let h = self.silu_mul_parts(&gu, m, w.inter, !self.lo_ranges(m).is_empty())?;
+                self.gemm_from(&w.down, Act::Parts(&h), &mut out, down, i > 0)?;
+                continue;
+            }
             let mut gu = self.out(m * 2 * w.inter)?;
             self.gemm_from(&w.gate_up, Act::Parts(&parts), &mut gu, [2 * w.inter, m, hidden, 1, hidden, 2 * w.inter], false)?;
             let h = self.silu_mul(&gu, w.inter)?;
-            self.gemm_from(&w.down, Act::F32(&h), &mut out, [hidden, m, w.inter, 1, w.inter, hidden], i > 0)?;
+            self.gemm_from(&w.down, Act::F32(&h), &mut out, down, i > 0)?;
         }
         Ok(Some(out))
     }
@@ -713,6 +737,33 @@ impl Backend for CudaBackend {
 }
 
 impl CudaBackend {
+    /// `store_kv*` over `m` rows whose arguments `check_store_kv` has accepted (both store
+    /// ops call it, so the fallback of `mla_rope_q_store_kv` does not check them twice).
+    #[allow(clippy::too_many_arguments)]
+    fn launch_store_kv(
+        &self,
+        pool: &mut CudaKvPool,
+        layer: usize,
+        kv_a: &CudaSlice<f32>,
+        norm_w: &CudaSlice<f32>,
+        eps: f32,
+        positions: &[u32],
+        slots: &[u32],
+        rope: &RopeParams,
+        m: usize,
+    ) -> Result<()> {
+        let lay = pool.layout;
+        let [pb, sb, fb] = self.store_kv_arrays(positions, slots, rope)?;
+        let (pb, sb, fb) = (&*pb, &*sb, &*fb);
+        let (lat, rd, inter) = (lay.latent_dim as u32, lay.rope_dim as u32, rope.interleaved as i32);
+        let kernel = if pool.bf16() { "store_kv_bf16" } else { "store_kv" };
+        let mut view = pool.layer_mut(layer);
+        let mut l = self.stream.launch_builder(self.func(kernel));
+        l.arg(&mut view).arg(kv_a).arg(norm_w).arg(pb).arg(sb).arg(fb).arg(&lat).arg(&rd).arg(&eps).arg(&rope.attention_factor).arg(&inter);
+        unsafe { l.launch(cfg(m, 0)) }.map_err(dev)?;
+        Ok(())
+    }
+
     /// The step arrays a latent store reads (positions, slots) and the rope's frequencies as
     /// bits, for `store_kv*` and `rope_q_store_kv*`.
     fn store_kv_arrays(&self, positions: &[u32], slots: &[u32], rope: &RopeParams) -> Result<[std::sync::Arc<CudaSlice<u32>>; 3]> {

@@ -152,6 +152,59 @@ fn linear_pairs_match_two_linears() {
     }
 }
 
+/// Two-part GEMM products whose halves their consumers add (`halves.rs`): a gated MLP's
+/// silu · up (f32, and as the down product's bf16 parts for the shared experts, one chunk and
+/// two), a query / latent pair added in one launch — at rows that stack (12, 40, 64: cuBLAS's
+/// stand-in, every row two parts), bf16 and fp8 (its bf16 copy) weights. The same bits as the
+/// ops apart (`halves` off), and the CPU's values; 70 rows (no stacking) too.
+#[test]
+fn stacked_halves_added_by_their_consumers_equal_the_ops_apart() {
+    use weft_backend::ExpertWeights;
+    let (mut g, c) = (mock(), CpuBackend::new());
+    let mut r = Rng(57);
+    let (hidden, inter) = (256, 96);
+    let fp8 = |seed: u64, rows: usize, cols: usize| weft_backend::dummy::DummySpec::new("w_fp8", vec![(seed, rows)], cols, 0.06, Some((128, 128))).host();
+    for kind in ["bf16", "fp8"] {
+        let mut seed = 200;
+        let mut make = |r: &mut Rng, rows: usize, cols: usize| {
+            seed += 1;
+            if kind == "fp8" {
+                fp8(seed, rows, cols)
+            } else {
+                bf16_matrix(r, "w", rows, cols)
+            }
+        };
+        let host: Vec<_> = (0..2).map(|_| (make(&mut r, 2 * inter, hidden), make(&mut r, hidden, inter))).collect();
+        let (qa, kv) = (make(&mut r, 192, hidden), make(&mut r, 64, hidden));
+        let sg: Vec<_> = host.iter().map(|(gu, dn)| ExpertWeights { gate_up: g.upload_matrix(gu).unwrap(), down: g.upload_matrix(dn).unwrap(), inter }).collect();
+        let sc: Vec<_> = host.iter().map(|(gu, dn)| ExpertWeights { gate_up: c.upload_matrix(gu).unwrap(), down: c.upload_matrix(dn).unwrap(), inter }).collect();
+        let (qg, kg, qc, kc) = (g.upload_matrix(&qa).unwrap(), g.upload_matrix(&kv).unwrap(), c.upload_matrix(&qa).unwrap(), c.upload_matrix(&kv).unwrap());
+        for m in [12usize, 40, 64, 70] {
+            let tol = if kind == "fp8" { 5e-3 } else { 1e-4 };
+            let x = r.vec(m * hidden, 1.0);
+            let xg = g.upload(&x).unwrap();
+            let mut runs = vec![];
+            for halves in [true, false] {
+                g.halves = halves;
+                let gated = g.download(&g.gated_up(&xg, &sg[0].gate_up, inter).unwrap()).unwrap();
+                let (ya, yb) = g.linear_pair(&xg, &qg, &kg).unwrap();
+                let pair = [g.download(&ya).unwrap(), g.download(&yb).unwrap()];
+                let one = g.download(&g.shared_experts(&xg, &sg[..1]).unwrap().unwrap()).unwrap();
+                let two = g.download(&g.shared_experts(&xg, &sg).unwrap().unwrap()).unwrap();
+                runs.push((gated, pair, one, two));
+            }
+            let what = format!("{kind}, {m} rows");
+            let ((gated, pair, one, two), apart) = (&runs[0], &runs[1]);
+            assert!(gated == &apart.0 && pair == &apart.1 && one == &apart.2 && two == &apart.3, "{what}: halves added by their consumers differ from the ops apart");
+            check(&format!("gated_up {what}"), gated, &c.gated_up(&x, &sc[0].gate_up, inter).unwrap(), tol);
+            check(&format!("linear_pair {what}, first"), &pair[0], &c.linear(&x, &qc).unwrap(), tol);
+            check(&format!("linear_pair {what}, second"), &pair[1], &c.linear(&x, &kc).unwrap(), tol);
+            check(&format!("shared_experts {what}, one chunk"), one, &c.shared_experts(&x, &sc[..1]).unwrap().unwrap(), tol);
+            check(&format!("shared_experts {what}, two chunks"), two, &c.shared_experts(&x, &sc).unwrap().unwrap(), tol);
+        }
+    }
+}
+
 /// MLA decode attention for the head counts Kimi/DeepSeek leave per GPU under tensor
 /// parallelism (and 20: two groups of 10), one decode row and three query rows of one sequence
 /// (verification); over an f32 and a bf16 latent cache; each also through the single-pass
