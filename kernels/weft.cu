@@ -85,9 +85,11 @@ __device__ __forceinline__ bool rms_v4_fits(u32 dim, const void* a, const void* 
     return dim % 4 == 0 && dim <= 4 * RMS_V * blockDim.x && (((u64)a | (u64)b | (u64)c | (u64)d) & 15) == 0;
 }
 
-// x = src (+ delta, written back to res when ADD); out = w * x / rms(x).
-template <bool ADD>
-__device__ void rms_row_v4(const float* src, const float* delta, float* res, const float* w, float* out, u32 dim, float eps, float* sh) {
+// x = src (+ delta, written back to res when ADD; with HALF, delta is the hi half of a stacked
+// two-part product whose lo half lies `half` values on, the two added first as add_halves
+// does); out = w * x / rms(x).
+template <bool ADD, bool HALF = false>
+__device__ void rms_row_v4(const float* src, const float* delta, float* res, const float* w, float* out, u32 dim, float eps, float* sh, i64 half = 0) {
     // Every load is issued before the first store: `res` aliases `src`, so a store between
     // them would make each load wait for the previous one (a latency chain per element).
     // The norm weights are loaded with the row, not after the reduction (one latency, not two).
@@ -98,6 +100,10 @@ __device__ void rms_row_v4(const float* src, const float* delta, float* res, con
         const u32 j = 4 * (threadIdx.x + k * blockDim.x);
         v[k] = j < dim ? *(const float4*)(src + j) : z;
         dv[k] = ADD && j < dim ? *(const float4*)(delta + j) : z;
+        if (HALF && j < dim) {
+            const float4 lo = *(const float4*)(delta + half + j);
+            dv[k] = make_float4(dv[k].x + lo.x, dv[k].y + lo.y, dv[k].z + lo.z, dv[k].w + lo.w);
+        }
         wv[k] = j < dim ? *(const float4*)(w + j) : z;
     }
     float s = 0.f;
@@ -135,6 +141,20 @@ extern "C" __global__ void add_rms_norm(float* res, const float* delta, const fl
         return;
     }
     for (u32 j = threadIdx.x; j < dim; j += blockDim.x) res[o + j] += delta[o + j];
+    __syncthreads();
+    rms_row(res + o, w, out + o, dim, eps, sh);
+}
+
+// add_rms_norm whose delta is a stacked two-part product's halves (`half` values apart: the
+// output projection's, ops.rs `linear_add_rms_norm`), added as add_halves adds them.
+extern "C" __global__ void add_rms_norm_halves(float* res, const float* delta, i64 half, const float* w, float* out, u32 dim, float eps) { WEFT_PDL_ENTRY();
+    __shared__ float sh[BLOCK];
+    i64 o = (i64)blockIdx.x * dim;
+    if (rms_v4_fits(dim, res + o, delta + o, w, out + o) && half % 4 == 0) {
+        rms_row_v4<true, true>(res + o, delta + o, res + o, w, out + o, dim, eps, sh, half);
+        return;
+    }
+    for (u32 j = threadIdx.x; j < dim; j += blockDim.x) res[o + j] += delta[o + j] + delta[half + o + j];
     __syncthreads();
     rms_row(res + o, w, out + o, dim, eps, sh);
 }

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # On the GPU machine (binaries from scripts/gpu/build_device.sh in .device/): round 23
 # (results/roofline-h200.md) — stacked two-part GEMM halves added by their consumers
-# (runtime/backend-cuda/src/halves.rs; WEFT_CUDA_HALVES=0 the ops apart), settings alternated
-# in one binary. PART (space-separated): tests — the MLA, golden and
+# (runtime/backend-cuda/src/halves.rs, linear_add_rms_norm; WEFT_CUDA_HALVES=0 the ops apart)
+# and the per-head matrices' 64-row pass (WEFT_CUDA_MMA_HEADS_MAX_M=32: cuBLAS), settings
+# alternated in one binary. PART (space-separated): tests — the MLA, golden and
 # dense GPU tests (KTESTS), the MoE and step-graph ones under each MOE_SETS setting; e2e — Moonlight and the Kimi-K2 slice end
-# to end over a bf16 cache, the E2E settings (semicolons become spaces) alternated ROUNDS times.
+# to end over a bf16 cache (MODELS: moon, kimi), the E2E settings (semicolons become spaces)
+# alternated ROUNDS times, at BATCH x CTX (and PREFILL).
 # Output: $OUT/round23.md.
 set -uo pipefail
 export OUT=${OUT:-.device/out}; mkdir -p "$OUT"

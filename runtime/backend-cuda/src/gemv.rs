@@ -283,7 +283,18 @@ impl CudaBackend {
     /// columns), whole 32-row units inside one group, one fp8 scale per 16-row tile and chunk;
     /// past 32 rows of bf16 weights, at most `mma_wide_max_units` units.
     pub(crate) fn gemv_mma_fits(&self, w: &CudaMatrix, m: usize, group_rows: usize) -> bool {
-        if !self.mma || self.slow_paths || !(self.mma_min_m..=self.mma_max_m[w.fp8.is_some() as usize]).contains(&m) || w.f32_data.is_some() {
+        self.gemv_mma_fits_upto(w, m, group_rows, self.mma_max_m[w.fp8.is_some() as usize])
+    }
+
+    /// [`Self::gemv_mma_fits`] for the per-head absorbed matrices (`head_linear`), whose bf16
+    /// 64-row pass is taken up to `mma_heads_max_m` rows.
+    pub(crate) fn gemv_mma_heads_fits(&self, w: &CudaMatrix, m: usize, group_rows: usize) -> bool {
+        let fp8 = w.fp8.is_some() as usize;
+        self.gemv_mma_fits_upto(w, m, group_rows, self.mma_max_m[fp8].max(if fp8 == 0 { self.mma_heads_max_m } else { 0 }))
+    }
+
+    fn gemv_mma_fits_upto(&self, w: &CudaMatrix, m: usize, group_rows: usize, max_m: usize) -> bool {
+        if !self.mma || self.slow_paths || !(self.mma_min_m..=max_m).contains(&m) || w.f32_data.is_some() {
             return false;
         }
         let wide = m > 32 && w.fp8.is_none();

@@ -3,8 +3,9 @@
 //! hi and lo bf16 parts as one GEMM of 2m rows, whose two halves `add_halves` then sums
 //! (`ops.rs` `gemm_core`); at batch 33–64 that is a launch after every such GEMM. Here a gated
 //! MLP's silu · up adds the gate|up halves itself — and, for the down product, writes its result
-//! straight as that product's bf16 parts (no cast launch) — and a query / latent pair's two
-//! outputs are added in one launch. Each is the same arithmetic in the same order as the ops
+//! straight as that product's bf16 parts (no cast launch) —, a query / latent pair's two
+//! outputs are added in one launch, and the attention's output projection's in the
+//! post-attention norm (`ops.rs` `linear_add_rms_norm`, kernel `add_rms_norm_halves`). Each is the same arithmetic in the same order as the ops
 //! one after the other: the same bits. `WEFT_CUDA_HALVES=0` runs the ops apart, for comparisons.
 
 use crate::ops::{cfg, flat, Act};

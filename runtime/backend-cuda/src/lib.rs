@@ -113,6 +113,7 @@ pub const KERNELS: &[&str] = &[
     "add_inplace",
     "add_halves",
     "add_halves2",
+    "add_rms_norm_halves",
     "silu_mul_halves",
     "silu_mul_split",
     "moe_pairs_split",
@@ -370,6 +371,10 @@ pub struct CudaBackend {
     /// (`gemv::MMA_DEFAULT_MAX_M`: 32 / 64; `WEFT_CUDA_MMA_MAX_M` / `WEFT_CUDA_MMA_MAX_M_FP8`
     /// move them, up to 64, for measurements).
     pub mma_max_m: [usize; 2],
+    /// Most rows the per-head absorbed matrices (`head_linear`: W_UK, W_UV) take the bf16
+    /// tensor-core pass for — 64, where it beat cuBLAS's two passes (round 17: 1.2–1.4×) while
+    /// the other projections stay on cuBLAS past 32 (`WEFT_CUDA_MMA_HEADS_MAX_M`).
+    pub mma_heads_max_m: usize,
     /// Largest thread block cluster (1, 2, 4 or 8 blocks) that splits the columns of a 64-row
     /// tensor-core pass over too few 32-row units to fill the GPU (`gemv_mma_bf16_n8_c*`;
     /// sm_90 and later: 4, else 1; `WEFT_CUDA_MMA_CLUSTER`; never more than the device can
@@ -697,6 +702,7 @@ impl CudaBackend {
                 let var = ["WEFT_CUDA_MMA_MAX_M", "WEFT_CUDA_MMA_MAX_M_FP8"][i];
                 std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(gemv::MMA_DEFAULT_MAX_M[i]).min(gemv::MMA_MAX_M)
             }),
+            mma_heads_max_m: std::env::var("WEFT_CUDA_MMA_HEADS_MAX_M").ok().and_then(|v| v.parse().ok()).unwrap_or(gemv::MMA_MAX_M).min(gemv::MMA_MAX_M),
             mma_cluster,
             mma_wide_max_units: std::env::var("WEFT_CUDA_MMA_WIDE_MAX_UNITS").ok().and_then(|v| v.parse().ok()).unwrap_or(2 * num_sms),
             mma_wide_ub: std::env::var("WEFT_CUDA_MMA_WIDE_UB").ok().and_then(|v| v.parse().ok()).unwrap_or(1).clamp(1, 4),

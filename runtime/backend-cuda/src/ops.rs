@@ -466,13 +466,33 @@ impl Backend for CudaBackend {
         Ok((self.linear(x, a)?, self.linear(x, b)?))
     }
 
+    fn linear_add_rms_norm(&self, x: &CudaSlice<f32>, w: &CudaMatrix, residual: &mut CudaSlice<f32>, dim: usize, weight: &CudaSlice<f32>, eps: f32) -> Result<CudaSlice<f32>> {
+        let m = check_rows("linear", self.len(x), w.cols)?;
+        if self.halves && w.rows == dim && residual.len() == m * dim && self.on_cublas(w, m) {
+            // The norm adds the product's halves (`halves.rs`).
+            return match self.product(w, Act::F32(x), m)? {
+                crate::halves::Product::Halves(st) => {
+                    let mut out = self.out(m * dim)?;
+                    let (half, d) = ((m * dim) as i64, dim as u32);
+                    let mut l = self.stream.launch_builder(self.func("add_rms_norm_halves"));
+                    l.arg(&mut *residual).arg(&st).arg(&half).arg(weight).arg(&mut out).arg(&d).arg(&eps);
+                    unsafe { l.launch(norm_cfg(m, dim)) }.map_err(dev)?;
+                    Ok(out)
+                }
+                crate::halves::Product::Whole(delta) => self.add_rms_norm(residual, &delta, dim, weight, eps),
+            };
+        }
+        let delta = self.linear(x, w)?;
+        self.add_rms_norm(residual, &delta, dim, weight, eps)
+    }
+
     fn head_linear(&self, x: &CudaSlice<f32>, heads: usize, w: &CudaMatrix) -> Result<CudaSlice<f32>> {
         if heads == 0 || w.rows % heads != 0 {
             return Err(shape("head_linear", format!("{} rows do not split into {heads} heads", w.rows)));
         }
         let m = check_rows("head_linear", self.len(x), heads * w.cols)?;
         let n = w.rows / heads;
-        if self.gemv_mma_fits(w, m, n) {
+        if self.gemv_mma_heads_fits(w, m, n) {
             return self.gemv_mma(w, x, m, heads);
         }
         if self.gemv_fits(w, m) {

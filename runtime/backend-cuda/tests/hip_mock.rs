@@ -154,7 +154,8 @@ fn linear_pairs_match_two_linears() {
 
 /// Two-part GEMM products whose halves their consumers add (`halves.rs`): a gated MLP's
 /// silu · up (f32, and as the down product's bf16 parts for the shared experts, one chunk and
-/// two), a query / latent pair added in one launch — at rows that stack (12, 40, 64: cuBLAS's
+/// two), a query / latent pair added in one launch, an output projection added in the residual's
+/// norm (`linear_add_rms_norm`) — at rows that stack (12, 40, 64: cuBLAS's
 /// stand-in, every row two parts), bf16 and fp8 (its bf16 copy) weights. The same bits as the
 /// ops apart (`halves` off), and the CPU's values; 70 rows (no stacking) too.
 #[test]
@@ -183,6 +184,8 @@ fn stacked_halves_added_by_their_consumers_equal_the_ops_apart() {
             let tol = if kind == "fp8" { 5e-3 } else { 1e-4 };
             let x = r.vec(m * hidden, 1.0);
             let xg = g.upload(&x).unwrap();
+            let (o, resid, nw) = (r.vec(m * inter, 1.0), r.vec(m * hidden, 1.0), r.vec(hidden, 1.0));
+            let (og, nwg) = (g.upload(&o).unwrap(), g.upload(&nw).unwrap());
             let mut runs = vec![];
             for halves in [true, false] {
                 g.halves = halves;
@@ -191,11 +194,19 @@ fn stacked_halves_added_by_their_consumers_equal_the_ops_apart() {
                 let pair = [g.download(&ya).unwrap(), g.download(&yb).unwrap()];
                 let one = g.download(&g.shared_experts(&xg, &sg[..1]).unwrap().unwrap()).unwrap();
                 let two = g.download(&g.shared_experts(&xg, &sg).unwrap().unwrap()).unwrap();
-                runs.push((gated, pair, one, two));
+                // An output projection (the shared down's shape, inter -> hidden)
+                // added into a residual and normed.
+                let mut res = g.upload(&resid).unwrap();
+                let normed = g.download(&g.linear_add_rms_norm(&og, &sg[0].down, &mut res, hidden, &nwg, 1e-5).unwrap()).unwrap();
+                runs.push((gated, pair, one, two, [normed, g.download(&res).unwrap()]));
             }
             let what = format!("{kind}, {m} rows");
-            let ((gated, pair, one, two), apart) = (&runs[0], &runs[1]);
-            assert!(gated == &apart.0 && pair == &apart.1 && one == &apart.2 && two == &apart.3, "{what}: halves added by their consumers differ from the ops apart");
+            let ((gated, pair, one, two, normed), apart) = (&runs[0], &runs[1]);
+            assert!(gated == &apart.0 && pair == &apart.1 && one == &apart.2 && two == &apart.3 && normed == &apart.4, "{what}: halves added by their consumers differ from the ops apart");
+            let mut res_c = resid.clone();
+            let want = c.linear_add_rms_norm(&o, &sc[0].down, &mut res_c, hidden, &nw, 1e-5).unwrap();
+            check(&format!("linear_add_rms_norm {what}, normed"), &normed[0], &want, tol);
+            check(&format!("linear_add_rms_norm {what}, residual"), &normed[1], &res_c, tol);
             check(&format!("gated_up {what}"), gated, &c.gated_up(&x, &sc[0].gate_up, inter).unwrap(), tol);
             check(&format!("linear_pair {what}, first"), &pair[0], &c.linear(&x, &qc).unwrap(), tol);
             check(&format!("linear_pair {what}, second"), &pair[1], &c.linear(&x, &kc).unwrap(), tol);

@@ -99,6 +99,14 @@ fn dense_ops_match_cpu() {
         check(&format!("linear fp8 m={mm} two 32-row passes"), &got, &c.linear(&xin, &c.upload_matrix(&wm).unwrap()).unwrap(), MMA_TOL);
     }
     g.mma_max_m = bounds;
+    // Under the default bounds the per-head matrices take that pass up to 64 rows
+    // (`mma_heads_max_m`) while the other projections stay on cuBLAS.
+    for mm in [40usize, 64] {
+        let wm = bf16_matrix(&mut r, 16 * 512, 128, 0.05);
+        let xin = r.vec(mm * 16 * 128, 1.0);
+        let got = g.download(&g.head_linear(&g.upload(&xin).unwrap(), 16, &g.upload_matrix(&wm).unwrap()).unwrap()).unwrap();
+        check(&format!("head_linear uk m={mm} default bounds"), &got, &c.head_linear(&xin, 16, &c.upload_matrix(&wm).unwrap()).unwrap(), MMA_TOL);
+    }
     let gu = r.vec(m * 2 * 1408, 4.0);
     check("silu_mul", &g.download(&g.silu_mul(&g.upload(&gu).unwrap(), 1408).unwrap()).unwrap(), &c.silu_mul(&gu, 1408).unwrap(), F32_TOL);
 }

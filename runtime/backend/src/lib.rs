@@ -293,6 +293,13 @@ pub trait Backend: Send + Sync + 'static {
     fn linear_pair(&self, x: &Self::Buf, a: &Self::Matrix, b: &Self::Matrix) -> Result<(Self::Buf, Self::Buf)> {
         Ok((self.linear(x, a)?, self.linear(x, b)?))
     }
+    /// `add_rms_norm(residual, linear(x, w))`: a block's output projection added into the
+    /// residual stream and normed (a layer's attention output), in fewer passes where a backend
+    /// can.
+    fn linear_add_rms_norm(&self, x: &Self::Buf, w: &Self::Matrix, residual: &mut Self::Buf, dim: usize, weight: &Self::Buf, eps: f32) -> Result<Self::Buf> {
+        let delta = self.linear(x, w)?;
+        self.add_rms_norm(residual, &delta, dim, weight, eps)
+    }
     /// Per-head linear: `w` stacks `heads` matrices `[n, k]`; `out[m, h, :] = w_h · x[m, h, :]`.
     fn head_linear(&self, x: &Self::Buf, heads: usize, w: &Self::Matrix) -> Result<Self::Buf>;
     /// `x += y`.

@@ -158,8 +158,8 @@ impl<B: Backend> DeepseekV3<B> {
                 None => be.rms_norm(&residual, h, &lw.input_layernorm, eps)?,
                 Some(d) => be.add_rms_norm(&mut residual, d, h, &lw.input_layernorm, eps)?,
             };
-            let attn = self.attention(i, lw, &x, pool, batch)?;
-            let x = be.add_rms_norm(&mut residual, &attn, h, &lw.post_attention_layernorm, eps)?;
+            let o = self.attention(i, lw, &x, pool, batch)?;
+            let x = self.attention_out(lw, &o, &mut residual, &lw.post_attention_layernorm)?;
             let d = self.feed_forward(lw, &x)?;
             if i != last && self.capture.contains(&i) {
                 // The layer's output materialised (the next norm then has no delta to add).
@@ -215,8 +215,8 @@ impl<B: Backend> DeepseekV3<B> {
         let mut residual = be.linear(&e, &w.eh_embed)?;
         be.add_inplace(&mut residual, &be.linear(&hn, &w.eh_hidden)?)?;
         let x = be.rms_norm(&residual, h, &w.layer.input_layernorm, eps)?;
-        let attn = self.attention(0, &w.layer, &x, pool, batch)?;
-        let x = be.add_rms_norm(&mut residual, &attn, h, &w.layer.post_attention_layernorm, eps)?;
+        let o = self.attention(0, &w.layer, &x, pool, batch)?;
+        let x = self.attention_out(&w.layer, &o, &mut residual, &w.layer.post_attention_layernorm)?;
         let d = self.feed_forward(&w.layer, &x)?;
         be.add_inplace(&mut residual, &d)?;
         Ok(residual)
@@ -234,6 +234,8 @@ impl<B: Backend> DeepseekV3<B> {
         self.weights.mtp.get(k).ok_or_else(|| weft_backend::BackendError::Shape { op: "mtp", reason: format!("MTP module {k} of {} in the checkpoint", self.weights.mtp.len()) })
     }
 
+    /// Layer `layer`'s MLA attention over the normed `x`: the heads' output, before `o_proj`
+    /// (`attention_out` takes it on).
     fn attention(&self, layer: usize, lw: &LayerWeights<B>, x: &B::Buf, pool: &mut B::KvPool, batch: &StepBatch<'_>) -> Result<B::Buf> {
         let be = &self.backend;
         let c = &self.cfg;
@@ -250,8 +252,20 @@ impl<B: Backend> DeepseekV3<B> {
             }
         };
         let (q_nope, q_pe) = be.mla_rope_q_store_kv(&q, heads, c.qk_nope_head_dim, c.qk_rope_head_dim, pool, layer, &kv_a, &a.kv_a_layernorm, eps, batch.positions, batch.slots, &self.rope)?;
-        let o = be.mla_attention_heads(pool, layer, &q_nope, &q_pe, &a.w_uk_t, &a.w_uv, heads, batch.attn, self.scale)?;
-        self.reduce(be.linear(&o, &a.o_proj)?)
+        be.mla_attention_heads(pool, layer, &q_nope, &q_pe, &a.w_uk_t, &a.w_uv, heads, batch.attn, self.scale)
+    }
+
+    /// The attention heads' output `o` through `o_proj` (summed over the tensor-parallel
+    /// group), added into the residual stream; the post-attention norm of it. Without a group
+    /// one backend op (`linear_add_rms_norm`), which may add the projection's pieces in the norm.
+    fn attention_out(&self, lw: &LayerWeights<B>, o: &B::Buf, residual: &mut B::Buf, norm: &B::Buf) -> Result<B::Buf> {
+        let be = &self.backend;
+        let (h, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps as f32);
+        if self.group.is_some() {
+            let attn = self.reduce(be.linear(o, &lw.attn.o_proj)?)?;
+            return be.add_rms_norm(residual, &attn, h, norm, eps);
+        }
+        be.linear_add_rms_norm(o, &lw.attn.o_proj, residual, h, norm, eps)
     }
 
     fn feed_forward(&self, lw: &LayerWeights<B>, x: &B::Buf) -> Result<B::Buf> {
