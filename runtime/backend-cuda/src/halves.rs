@@ -5,8 +5,9 @@
 //! MLP's silu · up adds the gate|up halves itself — and, for the down product, writes its result
 //! straight as that product's bf16 parts (no cast launch) —, a query / latent pair's two
 //! outputs are added in one launch, and the attention's output projection's in the
-//! post-attention norm (`ops.rs` `linear_add_rms_norm`, kernel `add_rms_norm_halves`). Each is the same arithmetic in the same order as the ops
-//! one after the other: the same bits. `WEFT_CUDA_HALVES=0` runs the ops apart, for comparisons.
+//! post-attention norm (`ops.rs` `linear_add_rms_norm`, kernel `add_rms_norm_halves`). Each is
+//! the same arithmetic in the same order as the ops one after the other: the same bits.
+//! `WEFT_CUDA_HALVES=0` runs the ops apart, for comparisons.
 
 use crate::ops::{cfg, flat, Act};
 use crate::{dev, CudaBackend, CudaMatrix};
