@@ -85,13 +85,19 @@ impl CudaBackend {
             Product::Whole(y) => Ok(y),
             Product::Halves(st) => {
                 let mut out = self.out(n)?;
-                let n64 = n as i64;
-                let mut l = self.stream.launch_builder(self.func("add_halves"));
-                l.arg(&st).arg(&mut out).arg(&n64);
-                unsafe { l.launch(flat(n)) }.map_err(dev)?;
+                self.add_halves(&st, &mut out, n)?;
                 Ok(out)
             }
         }
+    }
+
+    /// `out` (`n` values) = the two halves of the stacked product `st` added (`add_halves`).
+    pub(crate) fn add_halves(&self, st: &CudaSlice<f32>, out: &mut CudaSlice<f32>, n: usize) -> Result<()> {
+        let n64 = n as i64;
+        let mut l = self.stream.launch_builder(self.func("add_halves"));
+        l.arg(st).arg(out).arg(&n64);
+        unsafe { l.launch(flat(n)) }.map_err(dev)?;
+        Ok(())
     }
 }
 

@@ -165,8 +165,13 @@ impl CudaBackend {
     /// Whether [`Self::gemm_from`] multiplies the two parts as one GEMM of 2m stacked rows
     /// (a plain linear of a few rows, every row taking the second part, bf16 weights).
     pub(crate) fn stacks(&self, wm: &CudaMatrix, dims: [usize; 6], accumulate: bool) -> bool {
+        self.stacks_with(wm, dims, accumulate, &self.lo_ranges(dims[1]))
+    }
+
+    /// [`Self::stacks`] given the rows' `lo_ranges` (already taken by `gemm_core`).
+    fn stacks_with(&self, wm: &CudaMatrix, dims: [usize; 6], accumulate: bool, lo_ranges: &[(usize, usize)]) -> bool {
         let [n, m, k, batch, ldb, ldc] = dims;
-        wm.f32_data.is_none() && !accumulate && batch == 1 && ldb == k && ldc == n && m > 0 && m <= self.gemm_stack_max_m && self.lo_ranges(m) == [(0, m)]
+        wm.f32_data.is_none() && !accumulate && batch == 1 && ldb == k && ldc == n && m > 0 && m <= self.gemm_stack_max_m && lo_ranges == [(0, m)]
     }
 
     /// [`Self::gemm_from`]; with `halves`, where it stacks (`stacks`), the GEMM's `[2m, n]`
@@ -211,7 +216,7 @@ impl CudaBackend {
         let elem = if ty == cudaDataType::CUDA_R_16BF { 2 } else { 4 };
         // Two parts of a few rows (a plain linear): one GEMM over the parts stacked as 2m rows
         // (they lie one after the other, `m * ldb` elements apart), then add the halves.
-        let stack = passes.len() == 2 && self.stacks(wm, dims, accumulate);
+        let stack = passes.len() == 2 && self.stacks_with(wm, dims, accumulate, &lo_ranges);
         if halves && (!stack || out.len() < 2 * m * n) {
             return Err(shape("gemm", format!("{m} rows x {n} as halves: the product does not stack into {} values", out.len())));
         }
@@ -256,10 +261,7 @@ impl CudaBackend {
             }
         }
         if let Some(st) = &stacked {
-            let half = (m * n) as i64;
-            let mut l = self.stream.launch_builder(self.func("add_halves"));
-            l.arg(st).arg(&mut *out).arg(&half);
-            unsafe { l.launch(flat(m * n)) }.map_err(dev)?;
+            self.add_halves(st, out, m * n)?;
         }
         Ok(())
     }
