@@ -525,3 +525,188 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgh1_bf16(const 
     WEFT_PDL_ENTRY();
     mla_wgh_body<1>(layer, q_lat, q_pe, bt, bt_off, ctx, o_part, ml_part, heads, groups, gsize, latent, rd, page, scale, chunk);
 }
+
+// ---- The tile's tokens split between the warpgroups (mla_decode_wgs_bf16): up to 64 heads ----
+//
+// The 64-head kernel above is bound by its per-tile chain, not by memory or the tensor cores:
+// both warpgroups take half the width of one 32-token tile's scores, meet to add them, run the
+// same softmax and then split the values — three barriers and a drained tensor pipe every 32
+// tokens — and the queries' and weights' two bf16 parts fill shared memory with Q, leaving room
+// for two 32-token tiles only. Here, as FlashMLA does, the queries and the weights are one bf16
+// part each (rounded once: ~1e-3 from the f32 paths, within the bf16 cache's own tolerance;
+// half the products), which frees room for 64-token tiles, two in flight; and each warpgroup
+// scores its own 32 tokens of the tile over the full width — S_w (64 heads x 32) = Q · K_w^T —
+// so no partial scores are exchanged. The row maxima meet in shared memory (64 floats a
+// warpgroup, one barrier: both then hold the same maximum, a max of the same values), each
+// warpgroup writes its weights (bf16) into its half of a 64 x 64 P in shared memory (a second
+// barrier), and each multiplies all 64 tokens' weights into its 256 latent columns: O_w (64 x
+// 256) += P · V[:, 256w ..], both operands from shared memory. The value products are not
+// waited for where they are issued: they drain while the next tile's wait and barrier run, and
+// the tile after next is requested as soon as every warp has passed that barrier — a tile of
+// memory in flight for nearly the whole step. Shared memory: two 64-token tiles (72 KB each at
+// width 576), Q (72 KB), P (8 KB), the maxima (512 bytes) — 226 KB.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && !defined(WEFT_NO_PTX)
+// d (64 x 64) += A (64 x 16 at da, K-major) x B (16 x 64 at db, N-major: transposed).
+__device__ __forceinline__ void wgmma_n64_ss_tb(float (&d)[32], u64 da, u64 db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 1, 1, 1, 0, 1;"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db));
+}
+#elif defined(WEFT_EMU)
+__device__ __forceinline__ void wgmma_n64_ss_tb(float (&d)[32], u64 da, u64 db) { emu_wgmma_n64_ss_tb(d, da, db); }
+#else
+__device__ __forceinline__ void wgmma_n64_ss_tb(float (&)[32], u64, u64) { WG_TRAP(); }
+#endif
+
+// Same inputs, grid and partial outputs as mla_decode_wgh_bf16 (blocks of 256 threads, head
+// groups of at most 64, latent at most 512 in whole 64-column tiles); tiles of MLW_T tokens.
+extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgs_bf16(const u16* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) {
+    WEFT_PDL_ENTRY();
+    WEFT_DYNAMIC_SHARED(uint4, mls_smem);
+    unsigned char* sm = wg_align1024(mls_smem);
+    const u32 w = latent + rd, gw = w / 8, nc = (w + 63) / 64, nks = w / 16, nmb = latent / 64;
+    unsigned char* tiles = sm;                       // [2][nc][MLW_CHUNK]
+    unsigned char* qs = tiles + 2 * nc * MLW_CHUNK;  // [nc][MLH_QCHUNK]: the queries, K-major
+    unsigned char* ps = qs + nc * MLH_QCHUNK;        // [64 heads][128 bytes]: P, K-major
+    float* xm = (float*)(ps + 64 * 128);             // [2][64]: each warpgroup's row maxima, then sums
+    const u32 tid = threadIdx.x, lane = tid % 32, wg = wg_uniform(tid / 128), wr = tid / 32 % 4, g = lane / 4, t = lane % 4;
+    const MlaBlock B = mla_block(MLW_T, ctx, bt, bt_off, heads, groups, gsize, chunk);
+    const u32 ntiles = (B.t_end - B.t_begin + MLW_T - 1) / MLW_T, nsplit = gridDim.y;
+    const i64 part = ((i64)B.row * heads + B.h0) * nsplit + blockIdx.y;
+    if (ntiles == 0) {
+        // An empty split merges as nothing: zero outputs, no maximum, no sum. (Returning here
+        // keeps the loop's value products the only definitions of the accumulators after it —
+        // a path around the loop made ptxas serialise every wgmma.)
+        for (u32 e = tid; e < B.hg * latent; e += blockDim.x) o_part[(part + (i64)(e / latent) * nsplit) * latent + e % latent] = 0.f;
+        for (u32 h = tid; h < B.hg; h += blockDim.x) {
+            ml_part[(part + (i64)h * nsplit) * 2] = -WEFT_INF;
+            ml_part[(part + (i64)h * nsplit) * 2 + 1] = 0.f;
+        }
+        return;
+    }
+    mlw_load<MLW_T, 256>(tiles, layer, B.table, B.t_begin, B.t_end, page, w);
+    // Queries while the first tile loads: granule j of head h rounded to bf16; rows past the
+    // group zero.
+    for (u32 e = tid; e < 64 * gw; e += blockDim.x) {
+        const u32 h = e / gw, j = e % gw;
+        uint4 hi, lo;
+        mlw_query(q_lat, q_pe, B, heads, latent, rd, h, j, hi, lo);
+        *(uint4*)(qs + (j / 8) * MLH_QCHUNK + h * 128 + ((j % 8) ^ (h % 8)) * 16) = hi;
+    }
+    // This thread's rows: heads 16 · wr + g (rr = 0) and + 8 (rr = 1); accumulator element
+    // 4j + 2rr + c is column 8j + 2t + c (a token of this warpgroup's half in S, a latent
+    // column of its 64-column tile in O).
+    float m_run[2] = {-WEFT_INF, -WEFT_INF}, l_run[2] = {0.f, 0.f}, o[4][32];
+#pragma unroll
+    for (int mb = 0; mb < 4; mb++)
+#pragma unroll
+        for (int i = 0; i < 32; i++) o[mb][i] = 0.f;
+    const u64 dq = wg_desc(qs), dp = wg_desc(ps);
+    auto at = [](u32 k, u32 chunk) { return k / 4 * chunk + 32 * (k % 4); };
+
+    for (u32 it = 0; it < ntiles; it++) {
+        const u32 base = B.t_begin + it * MLW_T, cnt = min((u32)MLW_T, B.t_end - base);
+        unsigned char* tile = tiles + (it % 2) * nc * MLW_CHUNK;
+        // The previous tile's value products (this warpgroup's) are done, this tile is here.
+        wg_wait<0>();
+        cp_async_wait<0>();
+        fence_async_shared();
+        __syncthreads();
+        // Every warp is past the previous tile's products: its buffer takes the next tile.
+        if (it + 1 < ntiles) mlw_load<MLW_T, 256>(tiles + ((it + 1) % 2) * nc * MLW_CHUNK, layer, B.table, base + MLW_T, B.t_end, page, w);
+        // S_w: this warpgroup's 32 tokens (rows 32w.. of the tile) over the full width.
+        float s[16];
+        const u64 dt = wg_desc(tile + wg * 32 * 128);
+        wg_fence();
+        wgmma_n32_ss_first(s, dq, dt);
+        for (u32 k = 1; k < nks; k++) wgmma_n32_ss<0>(s, wg_desc_add(dq, at(k, MLH_QCHUNK)), wg_desc_add(dt, at(k, MLW_CHUNK)));
+        wg_commit();
+        wg_wait<0>();
+        // Row maxima of this warpgroup's tokens: a thread's 8 values, then its quad's.
+        float mx[2];
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            mx[rr] = -WEFT_INF;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int i = 4 * j + 2 * rr + c;
+                    s[i] = 32 * wg + 8 * j + 2 * t + c < cnt ? s[i] * scale : -WEFT_INF;
+                    mx[rr] = fmaxf(mx[rr], s[i]);
+                }
+            mx[rr] = fmaxf(mx[rr], lane_xor(mx[rr], 1));
+            mx[rr] = fmaxf(mx[rr], lane_xor(mx[rr], 2));
+            if (t == 0) xm[wg * 64 + 16 * wr + g + 8 * rr] = mx[rr];
+        }
+        __syncthreads();
+        // The tile's maximum (both warpgroups compute the same), the weights into this
+        // warpgroup's half of P, the sums of the rounded weights, the outputs rescaled.
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            const u32 h = 16 * wr + g + 8 * rr;
+            const float m_new = fmaxf(m_run[rr], fmaxf(mx[rr], xm[(1 - wg) * 64 + h]));
+            const float corr = expf(m_run[rr] - m_new);
+            m_run[rr] = m_new;
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int i = 4 * j + 2 * rr;
+                const u32 pk = bf16x2(expf(s[i] - m_new), expf(s[i + 1] - m_new));
+                sum += __uint_as_float(pk << 16) + __uint_as_float(pk & 0xffff0000u);
+                *(u32*)mlw_p_at(ps, h, 32 * wg + 8 * j + 2 * t) = pk;
+            }
+            l_run[rr] = l_run[rr] * corr + sum;
+            if (corr != 1.f)
+#pragma unroll
+                for (int mb = 0; mb < 4; mb++)
+#pragma unroll
+                    for (int j = 0; j < 8; j++) {
+                        o[mb][4 * j + 2 * rr] *= corr;
+                        o[mb][4 * j + 2 * rr + 1] *= corr;
+                    }
+        }
+        fence_async_shared();
+        __syncthreads();
+        // O_w += P · V[:, this warpgroup's columns], all 64 tokens; waited for at the next tile.
+        const u64 dtv = wg_desc_mn(tile);
+        wg_fence();
+#pragma unroll
+        for (int mb = 0; mb < 4; mb++)
+            if (4 * wg + mb < nmb)
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) wgmma_n64_ss_tb(o[mb], wg_desc_add(dp, 32 * kk), wg_desc_add(dtv, (4 * wg + mb) * MLW_CHUNK + kk * 2048));
+        wg_commit();
+    }
+    wg_wait<0>();
+    // Each row's sum: the quad's, then the other warpgroup's (the same maxima rescaled both).
+    float l[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        l[rr] = l_run[rr];
+        l[rr] += lane_xor(l[rr], 1);
+        l[rr] += lane_xor(l[rr], 2);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++)
+        if (t == 0) xm[wg * 64 + 16 * wr + g + 8 * rr] = l[rr];
+    __syncthreads();
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        const u32 h = 16 * wr + g + 8 * rr;
+        if (h >= B.hg) continue;
+        float* out = o_part + (part + (i64)h * nsplit) * latent;
+#pragma unroll
+        for (int mb = 0; mb < 4; mb++)
+            if (4 * wg + mb < nmb)
+#pragma unroll
+                for (int j = 0; j < 8; j++) *(float2*)(out + 64 * (4 * wg + mb) + 8 * j + 2 * t) = make_float2(o[mb][4 * j + 2 * rr], o[mb][4 * j + 2 * rr + 1]);
+        if (wg == 0 && t == 0) {
+            ml_part[(part + (i64)h * nsplit) * 2] = m_run[rr];
+            ml_part[(part + (i64)h * nsplit) * 2 + 1] = xm[h] + xm[64 + h];
+        }
+    }
+}

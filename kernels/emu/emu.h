@@ -274,6 +274,20 @@ inline void emu_wgmma_n64_rs(float (&d)[32], const unsigned (&a)[4], unsigned lo
         }
 }
 
+// wgmma.mma_async m64n64k16 with both operands in shared memory, B transposed
+// (kernels/mla_wgmma.cu's mla_decode_wgs_bf16 value product): A K-major as in
+// emu_wgmma_n128_ss, B (16 x 64) N-major as in emu_wgmma_n64_rs.
+inline void emu_wgmma_n64_ss_tb(float (&d)[32], unsigned long long da, unsigned long long db) {
+    unsigned lane = threadIdx.x % 32, w = threadIdx.x / 32 % 4, g = lane / 4, q = lane % 4;
+    for (unsigned j = 0; j < 8; j++)
+        for (unsigned i = 0; i < 4; i++) {
+            unsigned r = 16 * w + g + 8 * (i / 2), n = 8 * j + 2 * q + i % 2;
+            float acc = d[4 * j + i];
+            for (unsigned k = 0; k < 16; k++) acc += emu_swizzled_bf16(da, r, k) * emu_swizzled_mn_bf16(db, n, k);
+            d[4 * j + i] = acc;
+        }
+}
+
 static const void* emu_ldsm_rows[2][4096];
 // ldmatrix of a 32-lane warp: every lane posts its row address and the warp meets; returns the
 // posted addresses (indexed by thread), with this lane's warp base, g = lane / 4 and q = lane % 4.

@@ -9,7 +9,8 @@
 // the grouped tensor-core kernels (mla_grouped.cu: 1, 2 or 4 m-tiles of 16 heads per block; the
 // one-query-part kernel against a reference with bf16-rounded queries); and the wgmma kernel
 // (mla_wgmma.cu: transposed products, the M-major value operand, one or two warpgroups; and
-// 64 heads a block, the weights in registers; wgmma emulated).
+// 64 heads a block, the weights in registers; and its tokens split between the warpgroups;
+// wgmma emulated).
 // Exit status: the number of failing cases.
 #include "emu.h"
 #include "../weft_port.h"
@@ -53,6 +54,8 @@ int main() {
         {"mla_decode_wgh_bf16", 0, mla_decode_wgh_bf16, 256, 32, 32, 4, false}, {"mla_decode_wgh_bf16", 0, mla_decode_wgh_bf16, 256, 32, 32, 4, true},
         // one part: bf16 queries (the reference rounds them too) and bf16 weights (~2^-9 each)
         {"mla_decode_wgh1_bf16", 0, mla_decode_wgh1_bf16, 256, 32, 32, 4, false, true, 1e-2}, {"mla_decode_wgh1_bf16", 0, mla_decode_wgh1_bf16, 256, 32, 32, 4, true, true, 1e-2},
+        // the tile's tokens split between the warpgroups, one part as above
+        {"mla_decode_wgs_bf16", 0, mla_decode_wgs_bf16, 256, 32, 64, 4, false, true, 1e-2}, {"mla_decode_wgs_bf16", 0, mla_decode_wgs_bf16, 256, 32, 64, 4, true, true, 1e-2},
     };
     const char* only = std::getenv("MLA_TEST_ONLY");  // a substring of the kernels' names to run
     for (const Variant& v : variants) {

@@ -225,6 +225,7 @@ pub const KERNELS: &[&str] = &[
     "mla_decode_wg2_bf16",
     "mla_decode_wgh_bf16",
     "mla_decode_wgh1_bf16",
+    "mla_decode_wgs_bf16",
     "mla_combine",
     "mla_flash_bf16",
     "dummy_bf16",
@@ -355,13 +356,14 @@ pub struct CudaBackend {
     pub mla_mmg: Option<&'static str>,
     /// MLA decode over a bf16 cache on Hopper's warpgroup tensor cores (mla_wgmma.cu; sm_90a)
     /// where the layout fits: 16 heads a block with this many warpgroups (1, 2) for at most
-    /// `mla_wgmma_max_heads` heads, 64 heads a block (`mla_decode_wgh_bf16`) beyond, or for
-    /// every head count with 3. Default: two warpgroups up to 16 heads, the 64-head kernel above
-    /// (each measured faster than the grouped kernels and than the other there: results
-    /// rounds 19, 20).
-    /// `WEFT_CUDA_MLA_WGMMA=0` never; `=1` / `=2` / `=3` one variant for every head count; `=4`
-    /// the 64-head kernel with one bf16 part of queries and weights (FlashMLA's numerics, ~1e-3
-    /// from the other paths), for measurements.
+    /// `mla_wgmma_max_heads` heads, 64 heads a block beyond (`mla_decode_wgs_bf16`: the
+    /// warpgroups split each tile's tokens, one bf16 part of queries and weights — FlashMLA's
+    /// numerics, ~1e-3 from the other paths). Default: two warpgroups up to 16 heads, the
+    /// 64-head kernel above (results rounds 19, 20, 24).
+    /// `WEFT_CUDA_MLA_WGMMA=0` never; `=1` / `=2` one 16-head variant for every head count;
+    /// `=3` the two-part 64-head kernel (`mla_decode_wgh_bf16`: the warpgroups split each
+    /// tile's width) for every head count, `=4` its one-part variant, `=5` `mla_decode_wgs_bf16`
+    /// for every head count.
     pub mla_wgmma: Option<usize>,
     /// Most heads a row `mla_wgmma` takes (`mla::WG_DEFAULT_MAX_HEADS`; any when set).
     pub mla_wgmma_max_heads: usize,
@@ -636,6 +638,7 @@ impl CudaBackend {
             "mla_decode_wg2_bf16",
             "mla_decode_wgh_bf16",
             "mla_decode_wgh1_bf16",
+            "mla_decode_wgs_bf16",
         ]
         .into_iter()
         .chain(mla::MMG_KERNELS.iter().map(|k| k.name))
@@ -714,7 +717,7 @@ impl CudaBackend {
             gemm_stack_max_m: std::env::var("WEFT_CUDA_GEMM_STACK_MAX_M").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
             mla_split_tiles: std::env::var("WEFT_CUDA_MLA_SPLIT_TILES").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1),
             mla_grouped: std::env::var("WEFT_CUDA_MLA_GROUPED").map_or(true, |v| v != "0"),
-            mla_wgmma: wgmma_setting.map_or(Some(2), |n| Some(n).filter(|&n| (1..=4).contains(&n))).filter(|_| mma && arch == "sm_90a"),
+            mla_wgmma: wgmma_setting.map_or(Some(2), |n| Some(n).filter(|&n| (1..=5).contains(&n))).filter(|_| mma && arch == "sm_90a"),
             mla_wgmma_max_heads: if wgmma_setting.is_some() { usize::MAX } else { mla::WG_DEFAULT_MAX_HEADS },
             mla_mmg: std::env::var("WEFT_CUDA_MLA_MMG").ok().and_then(|v| mla::MMG_KERNELS.iter().find(|k| k.name == v).map(|k| k.name)),
             mla_min_group: std::env::var("WEFT_CUDA_MLA_MIN_GROUP").ok().and_then(|v| v.parse().ok()).unwrap_or(8).max(1),

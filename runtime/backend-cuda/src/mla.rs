@@ -104,6 +104,17 @@ fn wgh_smem(width: usize, parts: usize) -> usize {
     1024 + 2 * chunks * WGH_TILE * 128 + parts * chunks * 64 * 128 + 16 * 128 * 4
 }
 
+/// `mla_decode_wgs_bf16` (mla_wgmma.cu): up to 64 heads a block, each warpgroup scoring its
+/// own 32 tokens of a `WG_TILE`-token tile; one bf16 part of queries and weights.
+const WGS_NAME: &str = "mla_decode_wgs_bf16";
+
+/// Its shared memory: alignment slack, two tiles, the queries (64 rows of 128 bytes a 64-column
+/// chunk), P (64 rows of 128 bytes) and the two warpgroups' row maxima (64 floats each).
+fn wgs_smem(width: usize) -> usize {
+    let chunks = width.div_ceil(64);
+    1024 + 2 * chunks * WG_TILE * 128 + chunks * 64 * 128 + 64 * 128 + 2 * 64 * 4
+}
+
 /// A grouped tensor-core kernel (`WEFT_MLA_MMG` in mla_grouped.cu): its cache type, tile
 /// tokens, 16-head m-tiles per block, n-tiles per score warp and query parts.
 pub struct MmgSpec {
@@ -181,10 +192,10 @@ impl CudaBackend {
     /// block). `WEFT_CUDA_MLA_GROUPED=0`: `mla_decode_mma` always; `WEFT_CUDA_MLA_MMG`: one
     /// grouped kernel by name for every head count. Before all of them on sm_90a over a bf16
     /// cache whose latent is a multiple of 64: `mla_decode_wg2_bf16` up to
-    /// `WG_DEFAULT_MAX_HEADS` heads, `mla_decode_wgh_bf16` (64 heads a block) beyond
-    /// (`WEFT_CUDA_MLA_WGMMA=0`: never; `=1` / `=2`: `mla_decode_wg_bf16` / `_wg2_` for every
-    /// head count; `=3`: `_wgh_` for every head count; `=4`: `_wgh1_`, one bf16 part of queries
-    /// and weights, ~1e-3 from the others, for measurements).
+    /// `WG_DEFAULT_MAX_HEADS` heads, `mla_decode_wgs_bf16` (64 heads a block, one bf16 part of
+    /// queries and weights) beyond (`WEFT_CUDA_MLA_WGMMA=0`: never; `=1` / `=2`:
+    /// `mla_decode_wg_bf16` / `_wg2_` for every head count; `=3`: `_wgh_` (two parts) for every
+    /// head count; `=4`: `_wgh1_`; `=5`: `_wgs_` for every head count).
     fn mla_mma_kernel(&self, pool: &CudaKvPool, heads: usize) -> Option<MmaKernel> {
         if !self.mla_mma_fits(pool) {
             return None;
@@ -195,14 +206,15 @@ impl CudaBackend {
         let single = MmaKernel { name: one, tile: MMA_TILE, m_tiles: 1, threads, smem: Self::mla_mma_smem(w, MMA_TILE, MMA_WARPS, bf) };
         // Hopper's warpgroup kernels: a bf16 cache whose latent columns fill whole 64-column
         // value tiles; 16 heads a block up to `mla_wgmma_max_heads` (16 by default), 64 past it
-        // (and for every head count with `mla_wgmma` 3).
+        // (and for every head count with `mla_wgmma` 3, 4 or 5).
         let latent = pool.layout.latent_dim;
         let wg = self.mla_wgmma.filter(|_| bf && latent % 64 == 0).and_then(|n| match n {
             1 | 2 if heads <= self.mla_wgmma_max_heads => Some(MmaKernel { name: WG_NAMES[n - 1], tile: WG_TILE, m_tiles: 1, threads: 128 * n, smem: wg_smem(w, n) }),
-            _ if latent <= WGH_MAX_LATENT => {
+            3 | 4 if latent <= WGH_MAX_LATENT => {
                 let parts = if n == 4 { 1 } else { 2 };
                 Some(MmaKernel { name: WGH_NAMES[parts - 1], tile: WGH_TILE, m_tiles: 4, threads: 256, smem: wgh_smem(w, parts) })
             }
+            _ if latent <= WGH_MAX_LATENT => Some(MmaKernel { name: WGS_NAME, tile: WG_TILE, m_tiles: 4, threads: 256, smem: wgs_smem(w) }),
             _ => None,
         });
         let grouped = match (self.mla_mmg, bf) {
@@ -221,6 +233,14 @@ impl CudaBackend {
             }))
             .chain([single])
             .find(|k| k.smem <= self.smem_optin)
+    }
+
+    /// Whether the decode kernel for `heads` heads over this pool rounds queries and softmax
+    /// weights to one bf16 part (FlashMLA's numerics: ~1e-3 from the f32 reference) instead of
+    /// the hi / lo parts of every other path (~1e-6).
+    pub fn mla_decode_one_part(&self, pool: &CudaKvPool, heads: usize) -> bool {
+        let name = self.mla_decode_kernel(pool, heads);
+        name == WGS_NAME || name == WGH_NAMES[0] || MMG_KERNELS.iter().any(|k| k.name == name && k.query_parts == 1)
     }
 
     /// The decode kernel `mla_attention` launches for `heads` heads over this pool (rows of
@@ -330,6 +350,10 @@ mod tests {
         assert_eq!(super::wgh_smem(576, 2), 1024 + 2 * 9 * 4096 + 2 * 9 * 8192 + 8192);
         assert!(super::wgh_smem(576, 2) <= HOPPER_OPTIN, "{} bytes", super::wgh_smem(576, 2));
         assert_eq!(super::wgh_smem(576, 2) - super::wgh_smem(576, 1), 9 * 8192);
+        // Tokens split between the warpgroups: two 64-token tiles, one query part, P, the
+        // maxima — 226 KB, within 1.5 KB of the limit.
+        assert_eq!(super::wgs_smem(576), 1024 + 2 * 9 * 8192 + 9 * 8192 + 8192 + 512);
+        assert!(super::wgs_smem(576) <= HOPPER_OPTIN, "{} bytes", super::wgs_smem(576));
     }
 
     #[test]

@@ -265,8 +265,8 @@ fn mla_pool_ops_match_cpu(g: &CudaBackend, c: &CpuBackend, r: &mut Rng, dtype: K
     for layer in 0..2 {
         let got = g.download(&g.mla_attention(&pg, layer, &g.upload(&q_lat).unwrap(), &g.upload(&q_pe).unwrap(), heads, &rows, scale).unwrap()).unwrap();
         let want = c.mla_attention(&pc, layer, &q_lat, &q_pe, heads, &rows, scale).unwrap();
-        // (`_wgh1_`, opt-in under WEFT_CUDA_MLA_WGMMA=4, rounds queries and weights to bf16)
-        let tol = if g.mla_decode_kernel(&pg, heads).contains("wgh1") { 2e-2 } else { 1e-4 };
+        // (`_wgh1_` and `_wgs_` round queries and weights to one bf16 part)
+        let tol = if g.mla_decode_one_part(&pg, heads) { 2e-2 } else { 1e-4 };
         check("mla_attention", &got, &want, tol);
     }
     // Page copies (copy-on-write of shared prefixes).
@@ -345,8 +345,8 @@ fn mla_attention_head_counts_and_single_rows() {
             g.mla_grouped = grouped;
             g.mla_mmg = mmg.map(|k| k.name);
             for heads in [8usize, 12, 16, 20, 40, 64, 128] {
-                // one query part (grouped `q1`, or `_wgh1_` under WEFT_CUDA_MLA_WGMMA=4): bf16 tolerance
-                let one_part = mmg.is_some_and(|k| k.query_parts == 1) || g.mla_decode_kernel(&pg, heads).contains("wgh1");
+                // one query part (grouped `q1`, `_wgh1_`, `_wgs_`): bf16 tolerance
+                let one_part = g.mla_decode_one_part(&pg, heads);
                 let tol = if one_part { 2e-2 } else { 1e-4 };
                 for ctxs in [vec![n], vec![n - 2, n - 1, n], vec![1, 17, 40, 65]] {
                     let rows: Vec<AttnRow<'_>> = ctxs.iter().map(|&c| AttnRow { block_table: &table, ctx_len: c }).collect();
