@@ -7,7 +7,7 @@
 # GPU tests under the default, =5 and =3; bench — mla_bench 64 × 4096 (bf16 cache, HEADS,
 # 1 and 2 query rows), SETS alternated ROUNDS times; kimi — the Kimi-K2 slice (64 heads) end to
 # end over a bf16 cache at BATCH x CTX; ncu — Nsight Compute's throughput and scheduler
-# sections of one launch at 64 heads under each of SETS. Output: $OUT/round24.md.
+# sections and stall reasons of one launch at NCU_HEADS (64) heads under each of SETS. Output: $OUT/round24.md.
 set -uo pipefail
 export OUT=${OUT:-.device/out}; mkdir -p "$OUT"
 R="$OUT/round24.md"; touch "$R"
@@ -31,7 +31,7 @@ done
   done
 done
 [[ $P == *" ncu "* ]] && for s in "${SETS[@]:0:2}"; do
-  echo "== ncu, 64 x 4096, 64 heads ($s)" | tee -a "$R"
-  env ${s//;/ } timeout 150 ncu --section SpeedOfLight --section SchedulerStats --section WarpStateStats -k 'regex:mla_decode_wg' --launch-skip 2 --launch-count 1 .device/mla_bench --batch 64 --ctx 4096 --queries 1 --heads 64 --kv bf16 2>&1 | grep -E "mla_decode_|Duration|DRAM Throughput|Compute \(SM\)|Issued Warp|Eligible Warps|Warp Cycles Per Issued|Stall" | tee -a "$R"
+  echo "== ncu, 64 x 4096, ${NCU_HEADS:-64} heads ($s)" | tee -a "$R"
+  env ${s//;/ } timeout 150 ncu --section SpeedOfLight --section SchedulerStats --section WarpStateStats --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' -k 'regex:mla_decode_wg' --launch-skip 2 --launch-count 1 .device/mla_bench --batch 64 --ctx 4096 --queries 1 --heads ${NCU_HEADS:-64} --kv bf16 2>&1 | grep -E "mla_decode_|Duration|DRAM Throughput|Compute \(SM\)|Issued Warp|Eligible Warps|Warp Cycles Per Issued|stalled" | awk '$NF != "0" && $NF != "0.00"' | tee -a "$R"
 done
 true
