@@ -74,10 +74,10 @@ __device__ __forceinline__ u32 wg_uniform(u32 v) { return v; }
 __device__ __forceinline__ u64 wg_desc_mn(const void* p) { return (u64)(uintptr_t)p; }
 __device__ __forceinline__ u64 wg_desc_add(u64 desc, u32 bytes) { return desc + bytes; }
 template <int TA>
-__device__ __forceinline__ void wgmma_n32_ss(float (&d)[16], u64 da, u64 db) { emu_wgmma_n32_ss(d, da, db, TA); }
+__device__ __forceinline__ void wgmma_n32_ss(float (&d)[16], u64 da, u64 db) { emu_wgmma_ss<32>(d, da, db, TA, 0); }
 __device__ __forceinline__ void wgmma_n32_ss_first(float (&d)[16], u64 da, u64 db) {
     for (int i = 0; i < 16; i++) d[i] = 0.f;
-    emu_wgmma_n32_ss(d, da, db, 0);
+    emu_wgmma_ss<32>(d, da, db, 0, 0);
 }
 #else
 __device__ __forceinline__ u32 wg_uniform(u32 v) { return v; }
@@ -87,6 +87,10 @@ template <int TA>
 __device__ __forceinline__ void wgmma_n32_ss(float (&)[16], u64, u64) { WG_TRAP(); }
 __device__ __forceinline__ void wgmma_n32_ss_first(float (&)[16], u64, u64) { WG_TRAP(); }
 #endif
+
+// Byte offset of 16-column step k in an operand of 64-column chunks `chunk` bytes apart (each
+// chunk's 128-byte rows hold four steps of 32 bytes).
+__device__ __forceinline__ u32 wg_kstep(u32 k, u32 chunk) { return k / 4 * chunk + 32 * (k % 4); }
 
 // Tokens base..base + T - 1 of the row's context into a tile of 64-column chunks of T · 128
 // bytes (rows past `end` zero-filled), by a block of THREADS threads: thread (r = tid / 8,
@@ -205,16 +209,15 @@ __device__ __forceinline__ void mla_wg_body(const u16* layer, const float* q_lat
         float s[16];
         const u64 dt = wg_desc(tile), dtv = wg_desc_mn(tile);
         wg_fence();
-        auto at = [](u32 k, u32 chunk) { return k / 4 * chunk + 32 * (k % 4); };
-        wgmma_n32_ss_first(s, wg_desc_add(dt, at(k0, MLW_CHUNK)), wg_desc_add(dq, at(k0, MLW_QCHUNK)));
+        wgmma_n32_ss_first(s, wg_desc_add(dt, wg_kstep(k0, MLW_CHUNK)), wg_desc_add(dq, wg_kstep(k0, MLW_QCHUNK)));
         u32 k = k0 + 1;
-        for (; k % 4 != 0 && k < k1; k++) wgmma_n32_ss<0>(s, wg_desc_add(dt, at(k, MLW_CHUNK)), wg_desc_add(dq, at(k, MLW_QCHUNK)));
+        for (; k % 4 != 0 && k < k1; k++) wgmma_n32_ss<0>(s, wg_desc_add(dt, wg_kstep(k, MLW_CHUNK)), wg_desc_add(dq, wg_kstep(k, MLW_QCHUNK)));
         for (; k + 4 <= k1; k += 4) {  // whole 64-column chunks: 16-column steps 32 bytes apart
             const u64 a = wg_desc_add(dt, k / 4 * MLW_CHUNK), b = wg_desc_add(dq, k / 4 * MLW_QCHUNK);
 #pragma unroll
             for (int j = 0; j < 4; j++) wgmma_n32_ss<0>(s, wg_desc_add(a, 32 * j), wg_desc_add(b, 32 * j));
         }
-        for (; k < k1; k++) wgmma_n32_ss<0>(s, wg_desc_add(dt, at(k, MLW_CHUNK)), wg_desc_add(dq, at(k, MLW_QCHUNK)));
+        for (; k < k1; k++) wgmma_n32_ss<0>(s, wg_desc_add(dt, wg_kstep(k, MLW_CHUNK)), wg_desc_add(dq, wg_kstep(k, MLW_QCHUNK)));
         wg_commit();
         wg_wait<0>();
         if constexpr (WGS == 2) {
@@ -361,6 +364,44 @@ __device__ __forceinline__ void wgmma_n64_rs(float (&d)[32], const u32 (&a)[4], 
 __device__ __forceinline__ void wgmma_n64_rs(float (&)[32], const u32 (&)[4], u64) { WG_TRAP(); }
 #endif
 
+// The 64-head kernels' queries (mla_decode_wgh_bf16, mla_decode_wgs_bf16): granule j of head h
+// of the block's group as bf16 parts, hi into `qh` and (PARTS = 2) lo into `ql`, each 64 rows
+// of 128 bytes a 64-column chunk; rows past the group zero.
+template <int PARTS>
+__device__ __forceinline__ void mlh_queries(unsigned char* qh, unsigned char* ql, const float* q_lat, const float* q_pe, const MlaBlock& B, u32 heads, u32 latent, u32 rd, u32 gw) {
+    for (u32 e = threadIdx.x; e < 64 * gw; e += blockDim.x) {
+        const u32 h = e / gw, j = e % gw;
+        uint4 hi, lo;
+        mlw_query(q_lat, q_pe, B, heads, latent, rd, h, j, hi, lo);
+        const u32 off = (j / 8) * MLH_QCHUNK + h * 128 + ((j % 8) ^ (h % 8)) * 16;
+        *(uint4*)(qh + off) = hi;
+        if (PARTS == 2) *(uint4*)(ql + off) = lo;
+    }
+}
+
+// Their partial outputs: warpgroup wg's 256 latent columns of this thread's rows (heads
+// 16 · wr + g + 8rr; accumulator element 4j + 2rr + c is column 8j + 2t + c of 64-column tile
+// mb), and each row's maximum and sum `l` (written once, by warpgroup 0's t = 0 lanes).
+__device__ __forceinline__ void mlh_store(const float (&o)[4][32], const float (&m_run)[2], const float (&l)[2], const MlaBlock& B, float* o_part, float* ml_part, u32 heads, u32 latent, u32 nmb, u32 wg, u32 wr, u32 g, u32 t) {
+    const u32 nsplit = gridDim.y;
+    const i64 part = ((i64)B.row * heads + B.h0) * nsplit + blockIdx.y;
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        const u32 h = 16 * wr + g + 8 * rr;
+        if (h >= B.hg) continue;
+        float* out = o_part + (part + (i64)h * nsplit) * latent;
+#pragma unroll
+        for (int mb = 0; mb < 4; mb++)
+            if (4 * wg + mb < nmb)
+#pragma unroll
+                for (int j = 0; j < 8; j++) *(float2*)(out + 64 * (4 * wg + mb) + 8 * j + 2 * t) = make_float2(o[mb][4 * j + 2 * rr], o[mb][4 * j + 2 * rr + 1]);
+        if (wg == 0 && t == 0) {
+            ml_part[(part + (i64)h * nsplit) * 2] = m_run[rr];
+            ml_part[(part + (i64)h * nsplit) * 2 + 1] = l[rr];
+        }
+    }
+}
+
 // Same inputs, grid and partial outputs as mla_decode_wg2_bf16; blocks of 256 threads, head
 // groups of at most 64 (gsize), latent at most 512 in whole 64-column tiles. PARTS = 2: queries
 // and weights as hi and lo bf16 parts (the default's precision); 1: both rounded to bf16 once
@@ -382,16 +423,8 @@ __device__ __forceinline__ void mla_wgh_body(const u16* layer, const float* q_la
     const MlaBlock B = mla_block(MLH_T, ctx, bt, bt_off, heads, groups, gsize, chunk);
     const u32 ntiles = (B.t_end - B.t_begin + MLH_T - 1) / MLH_T;
     if (ntiles > 0) mlw_load<MLH_T, 256>(tiles, layer, B.table, B.t_begin, B.t_end, page, w);
-    // Queries while the first tile loads: granule j of head h as bf16 hi and lo parts, rows
-    // past the group zero.
-    for (u32 e = tid; e < 64 * gw; e += blockDim.x) {
-        const u32 h = e / gw, j = e % gw;
-        uint4 hi, lo;
-        mlw_query(q_lat, q_pe, B, heads, latent, rd, h, j, hi, lo);
-        const u32 off = (j / 8) * MLH_QCHUNK + h * 128 + ((j % 8) ^ (h % 8)) * 16;
-        *(uint4*)(qh + off) = hi;
-        if (PARTS == 2) *(uint4*)(ql + off) = lo;
-    }
+    // Queries while the first tile loads.
+    mlh_queries<PARTS>(qh, ql, q_lat, q_pe, B, heads, latent, rd, gw);
     // This thread's rows: heads 16 · wr + g (rr = 0) and + 8 (rr = 1); accumulator element
     // 4j + 2rr + c is column 8j + 2t + c.
     float m_run[2] = {-WEFT_INF, -WEFT_INF}, l_run[2] = {0.f, 0.f}, o[4][32];
@@ -400,7 +433,6 @@ __device__ __forceinline__ void mla_wgh_body(const u16* layer, const float* q_la
 #pragma unroll
         for (int i = 0; i < 32; i++) o[mb][i] = 0.f;
     const u64 dqh = wg_desc(qh), dql = wg_desc(ql);
-    auto at = [](u32 k, u32 chunk) { return k / 4 * chunk + 32 * (k % 4); };
 
     for (u32 it = 0; it < ntiles; it++) {
         const u32 base = B.t_begin + it * MLH_T, cnt = min((u32)MLH_T, B.t_end - base);
@@ -413,11 +445,11 @@ __device__ __forceinline__ void mla_wgh_body(const u16* layer, const float* q_la
         float s[16];
         const u64 dt = wg_desc(tile), dtv = wg_desc_mn(tile);
         wg_fence();
-        wgmma_n32_ss_first(s, wg_desc_add(dqh, at(k0, MLH_QCHUNK)), wg_desc_add(dt, at(k0, MLH_CHUNK)));
-        if (PARTS == 2) wgmma_n32_ss<0>(s, wg_desc_add(dql, at(k0, MLH_QCHUNK)), wg_desc_add(dt, at(k0, MLH_CHUNK)));
+        wgmma_n32_ss_first(s, wg_desc_add(dqh, wg_kstep(k0, MLH_QCHUNK)), wg_desc_add(dt, wg_kstep(k0, MLH_CHUNK)));
+        if (PARTS == 2) wgmma_n32_ss<0>(s, wg_desc_add(dql, wg_kstep(k0, MLH_QCHUNK)), wg_desc_add(dt, wg_kstep(k0, MLH_CHUNK)));
         for (u32 k = k0 + 1; k < k1; k++) {
-            const u64 b = wg_desc_add(dt, at(k, MLH_CHUNK));
-            const u32 qa = at(k, MLH_QCHUNK);
+            const u64 b = wg_desc_add(dt, wg_kstep(k, MLH_CHUNK));
+            const u32 qa = wg_kstep(k, MLH_QCHUNK);
             wgmma_n32_ss<0>(s, wg_desc_add(dqh, qa), b);
             if (PARTS == 2) wgmma_n32_ss<0>(s, wg_desc_add(dql, qa), b);
         }
@@ -497,26 +529,15 @@ __device__ __forceinline__ void mla_wgh_body(const u16* layer, const float* q_la
         wg_commit();
         wg_wait<0>();
     }
-    const u32 nsplit = gridDim.y;
-    const i64 part = ((i64)B.row * heads + B.h0) * nsplit + blockIdx.y;
+    // Each row's sum over its quad.
+    float l[2];
 #pragma unroll
     for (int rr = 0; rr < 2; rr++) {
-        float l = l_run[rr];
-        l += lane_xor(l, 1);
-        l += lane_xor(l, 2);
-        const u32 h = 16 * wr + g + 8 * rr;
-        if (h >= B.hg) continue;
-        float* out = o_part + (part + (i64)h * nsplit) * latent;
-#pragma unroll
-        for (int mb = 0; mb < 4; mb++)
-            if (4 * wg + mb < nmb)
-#pragma unroll
-                for (int j = 0; j < 8; j++) *(float2*)(out + 64 * (4 * wg + mb) + 8 * j + 2 * t) = make_float2(o[mb][4 * j + 2 * rr], o[mb][4 * j + 2 * rr + 1]);
-        if (wg == 0 && t == 0) {
-            ml_part[(part + (i64)h * nsplit) * 2] = m_run[rr];
-            ml_part[(part + (i64)h * nsplit) * 2 + 1] = l;
-        }
+        l[rr] = l_run[rr];
+        l[rr] += lane_xor(l[rr], 1);
+        l[rr] += lane_xor(l[rr], 2);
     }
+    mlh_store(o, m_run, l, B, o_part, ml_part, heads, latent, nmb, wg, wr, g, t);
 }
 extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgh_bf16(const u16* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) {
     WEFT_PDL_ENTRY();
@@ -556,7 +577,7 @@ __device__ __forceinline__ void wgmma_n64_ss_tb(float (&d)[32], u64 da, u64 db) 
         : "l"(da), "l"(db));
 }
 #elif defined(WEFT_EMU)
-__device__ __forceinline__ void wgmma_n64_ss_tb(float (&d)[32], u64 da, u64 db) { emu_wgmma_n64_ss_tb(d, da, db); }
+__device__ __forceinline__ void wgmma_n64_ss_tb(float (&d)[32], u64 da, u64 db) { emu_wgmma_ss<64>(d, da, db, 0, 1); }
 #else
 __device__ __forceinline__ void wgmma_n64_ss_tb(float (&)[32], u64, u64) { WG_TRAP(); }
 #endif
@@ -588,14 +609,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgs_bf16(const u
         return;
     }
     mlw_load<MLW_T, 256>(tiles, layer, B.table, B.t_begin, B.t_end, page, w);
-    // Queries while the first tile loads: granule j of head h rounded to bf16; rows past the
-    // group zero.
-    for (u32 e = tid; e < 64 * gw; e += blockDim.x) {
-        const u32 h = e / gw, j = e % gw;
-        uint4 hi, lo;
-        mlw_query(q_lat, q_pe, B, heads, latent, rd, h, j, hi, lo);
-        *(uint4*)(qs + (j / 8) * MLH_QCHUNK + h * 128 + ((j % 8) ^ (h % 8)) * 16) = hi;
-    }
+    // Queries while the first tile loads, rounded to bf16.
+    mlh_queries<1>(qs, nullptr, q_lat, q_pe, B, heads, latent, rd, gw);
     // This thread's rows: heads 16 · wr + g (rr = 0) and + 8 (rr = 1); accumulator element
     // 4j + 2rr + c is column 8j + 2t + c (a token of this warpgroup's half in S, a latent
     // column of its 64-column tile in O).
@@ -605,7 +620,6 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgs_bf16(const u
 #pragma unroll
         for (int i = 0; i < 32; i++) o[mb][i] = 0.f;
     const u64 dq = wg_desc(qs), dp = wg_desc(ps);
-    auto at = [](u32 k, u32 chunk) { return k / 4 * chunk + 32 * (k % 4); };
 
     for (u32 it = 0; it < ntiles; it++) {
         const u32 base = B.t_begin + it * MLW_T, cnt = min((u32)MLW_T, B.t_end - base);
@@ -622,7 +636,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgs_bf16(const u
         const u64 dt = wg_desc(tile + wg * 32 * 128);
         wg_fence();
         wgmma_n32_ss_first(s, dq, dt);
-        for (u32 k = 1; k < nks; k++) wgmma_n32_ss<0>(s, wg_desc_add(dq, at(k, MLH_QCHUNK)), wg_desc_add(dt, at(k, MLW_CHUNK)));
+        for (u32 k = 1; k < nks; k++) wgmma_n32_ss<0>(s, wg_desc_add(dq, wg_kstep(k, MLH_QCHUNK)), wg_desc_add(dt, wg_kstep(k, MLW_CHUNK)));
         wg_commit();
         wg_wait<0>();
         // Row maxima of this warpgroup's tokens: a thread's 8 values, then its quad's.
@@ -698,18 +712,6 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgs_bf16(const u
         if (t == 0) xm[wg * 64 + 16 * wr + g + 8 * rr] = l[rr];
     __syncthreads();
 #pragma unroll
-    for (int rr = 0; rr < 2; rr++) {
-        const u32 h = 16 * wr + g + 8 * rr;
-        if (h >= B.hg) continue;
-        float* out = o_part + (part + (i64)h * nsplit) * latent;
-#pragma unroll
-        for (int mb = 0; mb < 4; mb++)
-            if (4 * wg + mb < nmb)
-#pragma unroll
-                for (int j = 0; j < 8; j++) *(float2*)(out + 64 * (4 * wg + mb) + 8 * j + 2 * t) = make_float2(o[mb][4 * j + 2 * rr], o[mb][4 * j + 2 * rr + 1]);
-        if (wg == 0 && t == 0) {
-            ml_part[(part + (i64)h * nsplit) * 2] = m_run[rr];
-            ml_part[(part + (i64)h * nsplit) * 2 + 1] = xm[h] + xm[64 + h];
-        }
-    }
+    for (int rr = 0; rr < 2; rr++) l[rr] = xm[16 * wr + g + 8 * rr] + xm[64 + 16 * wr + g + 8 * rr];
+    mlh_store(o, m_run, l, B, o_part, ml_part, heads, latent, nmb, wg, wr, g, t);
 }

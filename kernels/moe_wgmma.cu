@@ -92,7 +92,7 @@ template <int N>
 __device__ __forceinline__ void wg_wait() {}
 __device__ __forceinline__ void fence_async_shared() {}
 __device__ __forceinline__ unsigned char* wg_align1024(void* p) { return (unsigned char*)(((uintptr_t)p + 1023) & ~(uintptr_t)1023); }
-__device__ __forceinline__ void wgmma_n128_ss(float (&d)[64], u64 da, u64 db) { emu_wgmma_n128_ss(d, da, db); }
+__device__ __forceinline__ void wgmma_n128_ss(float (&d)[64], u64 da, u64 db) { emu_wgmma_ss<128>(d, da, db, 0, 0); }
 #define WEFT_HAS_WGMMA 1
 #else
 // Other targets (sm_80/89/100/120, AMD): no wgmma; the host never launches these kernels there.

@@ -214,43 +214,34 @@ inline void emu_mma_bf16_16816(float (&d)[4], unsigned a0, unsigned a1, unsigned
     }
 }
 
-// wgmma.mma_async m64n128k16 with both operands in shared memory (kernels/moe_wgmma.cu): each
-// lane of warp w (of its 4-warp group) computes its 64 outputs — rows 16w + g, 16w + g + 8,
-// columns 8j + 2t, 8j + 2t + 1 — from A (64 rows) and B (128 rows) read through their
-// descriptors: here the address of a 1024-aligned K-major operand, 8-row groups 1024 bytes
-// apart, 128-byte rows whose 16-byte chunks sit at chunk ^ (row % 8), the hardware's 128-byte
-// swizzle. Data written before the block's last barrier is what it reads, as on the GPU.
+// wgmma.mma_async m64nNk16 with both operands in shared memory (kernels/moe_wgmma.cu's
+// m64n128 GEMM, kernels/mla_wgmma.cu's m64n32 scores and m64n64 values): each lane of warp w (of
+// its 4-warp group) computes its N / 2 outputs — rows 16w + g, 16w + g + 8, columns 8j + 2t,
+// 8j + 2t + 1 — from A (64 rows) and B (N rows) read through their descriptors: here the
+// address of a 1024-aligned operand of 128-byte rows whose 16-byte chunks sit at chunk ^ (row %
+// 8), the hardware's 128-byte swizzle. K-major (the default): element (row, k) in row `row`,
+// 8-row groups 1024 bytes apart; M- or N-major (ta / tb = 1, the transposed operand): element
+// (m, k) at k / 8 · 1024 + k % 8 · 128 + 2m — the descriptor's stride of 1024 between 8-row k
+// groups. Data written before the block's last barrier is what it reads, as on the GPU.
 inline float emu_swizzled_bf16(unsigned long long desc, unsigned row, unsigned k) {
     uintptr_t a = (uintptr_t)desc + (row / 8) * 1024 + (row % 8) * 128 + 2 * k;
     a ^= ((a >> 7) & 7) << 4;
     return __uint_as_float((unsigned)*(const uint16_t*)a << 16);
 }
-inline void emu_wgmma_n128_ss(float (&d)[64], unsigned long long da, unsigned long long db) {
-    unsigned lane = threadIdx.x % 32, w = threadIdx.x / 32 % 4, g = lane / 4, q = lane % 4;
-    for (unsigned j = 0; j < 16; j++)
-        for (unsigned i = 0; i < 4; i++) {
-            unsigned r = 16 * w + g + 8 * (i / 2), n = 8 * j + 2 * q + i % 2;
-            float acc = d[4 * j + i];
-            for (unsigned k = 0; k < 16; k++) acc += emu_swizzled_bf16(da, r, k) * emu_swizzled_bf16(db, n, k);
-            d[4 * j + i] = acc;
-        }
-}
-
-// wgmma.mma_async m64n32k16 (kernels/mla_wgmma.cu): as above, 32 columns; B K-major, A K-major
-// (ta = 0) or M-major (ta = 1: element (m, k) of a 64-row operand at k / 8 · 1024 + k % 8 · 128
-// + 2m, the same 128-byte swizzle — the descriptor's stride of 1024 between 8-row k groups).
 inline float emu_swizzled_mn_bf16(unsigned long long desc, unsigned m, unsigned k) {
     uintptr_t a = (uintptr_t)desc + (k / 8) * 1024 + (k % 8) * 128 + 2 * m;
     a ^= ((a >> 7) & 7) << 4;
     return __uint_as_float((unsigned)*(const uint16_t*)a << 16);
 }
-inline void emu_wgmma_n32_ss(float (&d)[16], unsigned long long da, unsigned long long db, int ta) {
+template <int N>
+inline void emu_wgmma_ss(float (&d)[N / 2], unsigned long long da, unsigned long long db, int ta, int tb) {
     unsigned lane = threadIdx.x % 32, w = threadIdx.x / 32 % 4, g = lane / 4, q = lane % 4;
-    for (unsigned j = 0; j < 4; j++)
+    for (unsigned j = 0; j < N / 8; j++)
         for (unsigned i = 0; i < 4; i++) {
             unsigned r = 16 * w + g + 8 * (i / 2), n = 8 * j + 2 * q + i % 2;
             float acc = d[4 * j + i];
-            for (unsigned k = 0; k < 16; k++) acc += (ta ? emu_swizzled_mn_bf16(da, r, k) : emu_swizzled_bf16(da, r, k)) * emu_swizzled_bf16(db, n, k);
+            for (unsigned k = 0; k < 16; k++)
+                acc += (ta ? emu_swizzled_mn_bf16(da, r, k) : emu_swizzled_bf16(da, r, k)) * (tb ? emu_swizzled_mn_bf16(db, n, k) : emu_swizzled_bf16(db, n, k));
             d[4 * j + i] = acc;
         }
 }
@@ -270,20 +261,6 @@ inline void emu_wgmma_n64_rs(float (&d)[32], const unsigned (&a)[4], unsigned lo
             unsigned r = g + 8 * (i / 2), n = 8 * j + 2 * q + i % 2;
             float acc = d[4 * j + i];
             for (unsigned k = 0; k < 16; k++) acc += emu_frag_a(slots, base, r, k) * emu_swizzled_mn_bf16(db, n, k);
-            d[4 * j + i] = acc;
-        }
-}
-
-// wgmma.mma_async m64n64k16 with both operands in shared memory, B transposed
-// (kernels/mla_wgmma.cu's mla_decode_wgs_bf16 value product): A K-major as in
-// emu_wgmma_n128_ss, B (16 x 64) N-major as in emu_wgmma_n64_rs.
-inline void emu_wgmma_n64_ss_tb(float (&d)[32], unsigned long long da, unsigned long long db) {
-    unsigned lane = threadIdx.x % 32, w = threadIdx.x / 32 % 4, g = lane / 4, q = lane % 4;
-    for (unsigned j = 0; j < 8; j++)
-        for (unsigned i = 0; i < 4; i++) {
-            unsigned r = 16 * w + g + 8 * (i / 2), n = 8 * j + 2 * q + i % 2;
-            float acc = d[4 * j + i];
-            for (unsigned k = 0; k < 16; k++) acc += emu_swizzled_bf16(da, r, k) * emu_swizzled_mn_bf16(db, n, k);
             d[4 * j + i] = acc;
         }
 }
