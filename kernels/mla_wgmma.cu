@@ -127,21 +127,30 @@ __device__ __forceinline__ void mlw_load(unsigned char* tile, const u16* layer, 
     cp_async_commit();
 }
 
-// Granule j (8 columns of the cache row's width) of head h's query in the block's group as bf16
-// hi and lo parts; zero past the group.
-__device__ __forceinline__ void mlw_query(const float* q_lat, const float* q_pe, const MlaBlock& B, u32 heads, u32 latent, u32 rd, u32 h, u32 j, uint4& hi, uint4& lo) {
+// Granule j (8 columns of the cache row's width) of head h's query in the block's group, as f32
+// (a: columns 0–3, b: 4–7); zero past the group.
+__device__ __forceinline__ void mlw_query_load(const float* q_lat, const float* q_pe, const MlaBlock& B, u32 heads, u32 latent, u32 rd, u32 h, u32 j, float4& a, float4& b) {
     const u32 d = 8 * j;
-    float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+    a = b = make_float4(0.f, 0.f, 0.f, 0.f);
     if (h < B.hg) {
         const i64 qi = (i64)B.row * heads + B.h0 + h;
         const float* src = d < latent ? q_lat + qi * latent + d : q_pe + qi * rd + d - latent;
         a = *(const float4*)src;
         b = *(const float4*)(src + 4);
     }
+}
+// Those eight values as bf16 hi and lo parts.
+__device__ __forceinline__ void mlw_query_split(const float4& a, const float4& b, uint4& hi, uint4& lo) {
     split_bf16x2(a.x, a.y, hi.x, lo.x);
     split_bf16x2(a.z, a.w, hi.y, lo.y);
     split_bf16x2(b.x, b.y, hi.z, lo.z);
     split_bf16x2(b.z, b.w, hi.w, lo.w);
+}
+// Granule j of head h's query as bf16 hi and lo parts (mlw_query_load, then mlw_query_split).
+__device__ __forceinline__ void mlw_query(const float* q_lat, const float* q_pe, const MlaBlock& B, u32 heads, u32 latent, u32 rd, u32 h, u32 j, uint4& hi, uint4& lo) {
+    float4 a, b;
+    mlw_query_load(q_lat, q_pe, B, heads, latent, rd, h, j, a, b);
+    mlw_query_split(a, b, hi, lo);
 }
 
 // Element k (a token) of row n of P^T: 128-byte rows, granule k / 8 at (k / 8) ^ (n % 8).
@@ -359,23 +368,62 @@ __device__ __forceinline__ void wgmma_n64_rs(float (&d)[32], const u32 (&a)[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 #elif defined(WEFT_EMU)
-__device__ __forceinline__ void wgmma_n64_rs(float (&d)[32], const u32 (&a)[4], u64 db) { emu_wgmma_n64_rs(d, a, db); }
+__device__ __forceinline__ void wgmma_n64_rs(float (&d)[32], const u32 (&a)[4], u64 db) { emu_wgmma_rs<64>(d, a, db, 1); }
 #else
 __device__ __forceinline__ void wgmma_n64_rs(float (&)[32], const u32 (&)[4], u64) { WG_TRAP(); }
 #endif
 
+// Row rr of this thread's score accumulator (m64nN: s[4j + 2rr + c] is column 8j + 2t + c)
+// scaled, its columns from `cnt` on (counting from column `c0`) masked to -inf, and the row's
+// maximum over the quad (its N values).
+template <int N>
+__device__ __forceinline__ float wg_masked_row_max(float (&s)[N / 2], int rr, u32 c0, u32 cnt, float scale, u32 t) {
+    float mx = -WEFT_INF;
+#pragma unroll
+    for (int j = 0; j < N / 8; j++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const int i = 4 * j + 2 * rr + c;
+            s[i] = c0 + 8 * j + 2 * t + c < cnt ? s[i] * scale : -WEFT_INF;
+            mx = fmaxf(mx, s[i]);
+        }
+    mx = fmaxf(mx, lane_xor(mx, 1));
+    return fmaxf(mx, lane_xor(mx, 2));
+}
+
 // The 64-head kernels' queries (mla_decode_wgh_bf16, mla_decode_wgs_bf16): granule j of head h
 // of the block's group as bf16 parts, hi into `qh` and (PARTS = 2) lo into `ql`, each 64 rows
 // of 128 bytes a 64-column chunk; rows past the group zero.
+// MLH_QB granules a thread are loaded before any is converted and stored. One at a time, each
+// load waits behind the store before it (a global round trip per granule, 18 a thread at
+// DeepSeek's width: 11 % of the 64-head ping-pong kernel's stall samples, round 25);
+// WEFT_MLH_Q_BATCH loads six at a time — built and emulator-checked, not yet measured on a GPU,
+// so not the default.
+#ifdef WEFT_MLH_Q_BATCH
+#define MLH_QB 6
+#else
+#define MLH_QB 1
+#endif
 template <int PARTS>
 __device__ __forceinline__ void mlh_queries(unsigned char* qh, unsigned char* ql, const float* q_lat, const float* q_pe, const MlaBlock& B, u32 heads, u32 latent, u32 rd, u32 gw) {
-    for (u32 e = threadIdx.x; e < 64 * gw; e += blockDim.x) {
-        const u32 h = e / gw, j = e % gw;
-        uint4 hi, lo;
-        mlw_query(q_lat, q_pe, B, heads, latent, rd, h, j, hi, lo);
-        const u32 off = (j / 8) * MLH_QCHUNK + h * 128 + ((j % 8) ^ (h % 8)) * 16;
-        *(uint4*)(qh + off) = hi;
-        if (PARTS == 2) *(uint4*)(ql + off) = lo;
+    const u32 n = 64 * gw;
+    for (u32 e0 = threadIdx.x; e0 < n; e0 += MLH_QB * blockDim.x) {
+        float4 a[MLH_QB], b[MLH_QB];
+#pragma unroll
+        for (int q = 0; q < MLH_QB; q++) {
+            const u32 e = e0 + q * blockDim.x;
+            if (e < n) mlw_query_load(q_lat, q_pe, B, heads, latent, rd, e / gw, e % gw, a[q], b[q]);
+        }
+#pragma unroll
+        for (int q = 0; q < MLH_QB; q++) {
+            const u32 e = e0 + q * blockDim.x, h = e / gw, j = e % gw;
+            if (e >= n) continue;
+            uint4 hi, lo;
+            mlw_query_split(a[q], b[q], hi, lo);
+            const u32 off = (j / 8) * MLH_QCHUNK + h * 128 + ((j % 8) ^ (h % 8)) * 16;
+            *(uint4*)(qh + off) = hi;
+            if (PARTS == 2) *(uint4*)(ql + off) = lo;
+        }
     }
 }
 
@@ -400,6 +448,35 @@ __device__ __forceinline__ void mlh_store(const float (&o)[4][32], const float (
             ml_part[(part + (i64)h * nsplit) * 2 + 1] = l[rr];
         }
     }
+}
+
+// An empty split of the 64-head kernels merges as nothing: zero outputs, no maximum, no sum.
+__device__ __forceinline__ void mlh_empty(const MlaBlock& B, u32 heads, u32 latent, float* o_part, float* ml_part) {
+    const u32 nsplit = gridDim.y;
+    const i64 part = ((i64)B.row * heads + B.h0) * nsplit + blockIdx.y;
+    for (u32 e = threadIdx.x; e < B.hg * latent; e += blockDim.x) o_part[(part + (i64)(e / latent) * nsplit) * latent + e % latent] = 0.f;
+    for (u32 h = threadIdx.x; h < B.hg; h += blockDim.x) {
+        ml_part[(part + (i64)h * nsplit) * 2] = -WEFT_INF;
+        ml_part[(part + (i64)h * nsplit) * 2 + 1] = 0.f;
+    }
+}
+
+// Each of this thread's rows' sum over both warpgroups of the 64-head kernels: the quad's partial
+// sums `l_run` added, then the other warpgroup's through `xm` (128 floats of shared memory).
+__device__ __forceinline__ void mlh_sums(const float (&l_run)[2], float* xm, u32 wg, u32 wr, u32 g, u32 t, float (&l)[2]) {
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        l[rr] = l_run[rr];
+        l[rr] += lane_xor(l[rr], 1);
+        l[rr] += lane_xor(l[rr], 2);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++)
+        if (t == 0) xm[wg * 64 + 16 * wr + g + 8 * rr] = l[rr];
+    __syncthreads();
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) l[rr] = xm[16 * wr + g + 8 * rr] + xm[64 + 16 * wr + g + 8 * rr];
 }
 
 // Same inputs, grid and partial outputs as mla_decode_wg2_bf16; blocks of 256 threads, head
@@ -472,17 +549,7 @@ __device__ __forceinline__ void mla_wgh_body(const u16* layer, const float* q_la
         u32 ph[2][4], pl[2][4];
 #pragma unroll
         for (int rr = 0; rr < 2; rr++) {
-            float mx = -WEFT_INF;
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-#pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    const int i = 4 * j + 2 * rr + c;
-                    s[i] = 8 * j + 2 * t + c < cnt ? s[i] * scale : -WEFT_INF;
-                    mx = fmaxf(mx, s[i]);
-                }
-            mx = fmaxf(mx, lane_xor(mx, 1));
-            mx = fmaxf(mx, lane_xor(mx, 2));
+            const float mx = wg_masked_row_max<32>(s, rr, 0, cnt, scale, t);
             const float m_new = fmaxf(m_run[rr], mx);
             corr[rr] = expf(m_run[rr] - m_new);
             m_run[rr] = m_new;
@@ -595,17 +662,11 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgs_bf16(const u
     float* xm = (float*)(ps + 64 * 128);             // [2][64]: each warpgroup's row maxima, then sums
     const u32 tid = threadIdx.x, lane = tid % 32, wg = wg_uniform(tid / 128), wr = tid / 32 % 4, g = lane / 4, t = lane % 4;
     const MlaBlock B = mla_block(MLW_T, ctx, bt, bt_off, heads, groups, gsize, chunk);
-    const u32 ntiles = (B.t_end - B.t_begin + MLW_T - 1) / MLW_T, nsplit = gridDim.y;
-    const i64 part = ((i64)B.row * heads + B.h0) * nsplit + blockIdx.y;
+    const u32 ntiles = (B.t_end - B.t_begin + MLW_T - 1) / MLW_T;
     if (ntiles == 0) {
-        // An empty split merges as nothing: zero outputs, no maximum, no sum. (Returning here
-        // keeps the loop's value products the only definitions of the accumulators after it —
-        // a path around the loop made ptxas serialise every wgmma.)
-        for (u32 e = tid; e < B.hg * latent; e += blockDim.x) o_part[(part + (i64)(e / latent) * nsplit) * latent + e % latent] = 0.f;
-        for (u32 h = tid; h < B.hg; h += blockDim.x) {
-            ml_part[(part + (i64)h * nsplit) * 2] = -WEFT_INF;
-            ml_part[(part + (i64)h * nsplit) * 2 + 1] = 0.f;
-        }
+        // (Returning here keeps the loop's value products the only definitions of the
+        // accumulators after it — a path around the loop made ptxas serialise every wgmma.)
+        mlh_empty(B, heads, latent, o_part, ml_part);
         return;
     }
     mlw_load<MLW_T, 256>(tiles, layer, B.table, B.t_begin, B.t_end, page, w);
@@ -643,17 +704,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgs_bf16(const u
         float mx[2];
 #pragma unroll
         for (int rr = 0; rr < 2; rr++) {
-            mx[rr] = -WEFT_INF;
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-#pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    const int i = 4 * j + 2 * rr + c;
-                    s[i] = 32 * wg + 8 * j + 2 * t + c < cnt ? s[i] * scale : -WEFT_INF;
-                    mx[rr] = fmaxf(mx[rr], s[i]);
-                }
-            mx[rr] = fmaxf(mx[rr], lane_xor(mx[rr], 1));
-            mx[rr] = fmaxf(mx[rr], lane_xor(mx[rr], 2));
+            mx[rr] = wg_masked_row_max<32>(s, rr, 32 * wg, cnt, scale, t);
             if (t == 0) xm[wg * 64 + 16 * wr + g + 8 * rr] = mx[rr];
         }
         __syncthreads();
@@ -698,20 +749,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgs_bf16(const u
         wg_commit();
     }
     wg_wait<0>();
-    // Each row's sum: the quad's, then the other warpgroup's (the same maxima rescaled both).
+    // Each row's sum (the same maxima rescaled both warpgroups' sums).
     float l[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; rr++) {
-        l[rr] = l_run[rr];
-        l[rr] += lane_xor(l[rr], 1);
-        l[rr] += lane_xor(l[rr], 2);
-    }
-    __syncthreads();
-#pragma unroll
-    for (int rr = 0; rr < 2; rr++)
-        if (t == 0) xm[wg * 64 + 16 * wr + g + 8 * rr] = l[rr];
-    __syncthreads();
-#pragma unroll
-    for (int rr = 0; rr < 2; rr++) l[rr] = xm[16 * wr + g + 8 * rr] + xm[64 + 16 * wr + g + 8 * rr];
+    mlh_sums(l_run, xm, wg, wr, g, t, l);
     mlh_store(o, m_run, l, B, o_part, ml_part, heads, latent, nmb, wg, wr, g, t);
 }

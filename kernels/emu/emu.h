@@ -135,6 +135,46 @@ static std::vector<EmuBarrier> emu_block_barriers;
 static EmuBarrier emu_cluster_barrier;
 inline void __syncthreads() { emu_block_barriers[emu_cur / emu_bthreads].wait(); }
 inline void emu_cluster_sync() { emu_cluster_barrier.wait(); }
+// A wait that cannot end (a schedule bug in a kernel) aborts instead of hanging the test.
+inline void emu_spin(unsigned long long& n, const char* what) {
+    if (++n > (1ull << 22)) {
+        std::fprintf(stderr, "emulated %s: waited forever\n", what);
+        std::abort();
+    }
+    emu_yield();
+}
+// Named barriers (bar.sync / bar.arrive id, n: n threads arrive, those that sync wait), 16 a
+// block, reset with the block's barriers.
+struct EmuNamed { unsigned count = 0, gen = 0; };
+static EmuNamed emu_named[8][16];
+inline void emu_bar_arrive(unsigned id, unsigned n) {
+    EmuNamed& b = emu_named[emu_cur / emu_bthreads][id];
+    if (++b.count == n) b.count = 0, b.gen++;
+}
+inline void emu_bar_sync(unsigned id, unsigned n) {
+    EmuNamed& b = emu_named[emu_cur / emu_bthreads][id];
+    const unsigned g = b.gen;
+    emu_bar_arrive(id, n);
+    for (unsigned long long k = 0; b.gen == g;) emu_spin(k, "named barrier");
+}
+// mbarriers (8 bytes of shared memory): the expected arrivals, then the pending ones with the
+// phase's parity in the top bit. The emulated cp.async has landed when issued, so its tracked
+// arrival (cp.async.mbarrier.arrive.noinc) is an arrival.
+inline void emu_mbar_init(unsigned long long* b, unsigned n) {
+    unsigned* w = (unsigned*)b;
+    w[0] = n;
+    w[1] = n;
+}
+inline void emu_mbar_arrive(unsigned long long* b) {
+    unsigned* w = (unsigned*)b;
+    const unsigned pend = (w[1] & 0x7fffffffu) - 1, ph = w[1] >> 31;
+    w[1] = pend ? (ph << 31 | pend) : ((ph ^ 1u) << 31 | w[0]);
+}
+// Waits until the phase of parity `parity` has completed (the current phase's parity differs).
+inline void emu_mbar_wait(unsigned long long* b, unsigned parity) {
+    const unsigned* w = (const unsigned*)b;
+    for (unsigned long long k = 0; (w[1] >> 31) == parity;) emu_spin(k, "mbarrier");
+}
 inline float __uint_as_float(unsigned x) { float f; std::memcpy(&f, &x, 4); return f; }
 inline unsigned __float_as_uint(float x) { unsigned u; std::memcpy(&u, &x, 4); return u; }
 inline float __int_as_float(int x) { float f; std::memcpy(&f, &x, 4); return f; }
@@ -228,8 +268,12 @@ inline float emu_swizzled_bf16(unsigned long long desc, unsigned row, unsigned k
     a ^= ((a >> 7) & 7) << 4;
     return __uint_as_float((unsigned)*(const uint16_t*)a << 16);
 }
+// M- or N-major operands wider than 64 (m64n256's B) continue in 64-column chunks EMU_MN_LBO
+// bytes apart: the descriptors' leading offset, mla_wgmma.cu's wg_desc_mn (one 64-token tile
+// chunk, 8 KB).
+static constexpr unsigned EMU_MN_LBO = 64 * 128;
 inline float emu_swizzled_mn_bf16(unsigned long long desc, unsigned m, unsigned k) {
-    uintptr_t a = (uintptr_t)desc + (k / 8) * 1024 + (k % 8) * 128 + 2 * m;
+    uintptr_t a = (uintptr_t)desc + (m / 64) * EMU_MN_LBO + (k / 8) * 1024 + (k % 8) * 128 + 2 * (m % 64);
     a ^= ((a >> 7) & 7) << 4;
     return __uint_as_float((unsigned)*(const uint16_t*)a << 16);
 }
@@ -246,21 +290,23 @@ inline void emu_wgmma_ss(float (&d)[N / 2], unsigned long long da, unsigned long
         }
 }
 
-// wgmma.mma_async m64n64k16 with A in registers (kernels/mla_wgmma.cu's value product): rows
-// 16w..16w + 15 of A are warp w's fragments (mma.sync's A layout), so a warp's outputs need only
-// its own lanes' registers — posted and met at the warp's barrier as in emu_mma_bf16_16816; B
-// (16 x 64) N-major: element (k, n) at k / 8 · 1024 + k % 8 · 128 + 2n, 128-byte swizzle.
-inline void emu_wgmma_n64_rs(float (&d)[32], const unsigned (&a)[4], unsigned long long db) {
+// wgmma.mma_async m64nNk16 with A in registers (kernels/mla_wgmma.cu's and mla_pair.cu's
+// products): rows 16w..16w + 15 of A are warp w's fragments (mma.sync's A layout), so a warp's
+// outputs need only its own lanes' registers — posted and met at the warp's barrier as in
+// emu_mma_bf16_16816; B (16 x N) N-major (tb = 1: element (k, n) at k / 8 · 1024 + k % 8 · 128 +
+// 2n, 128-byte swizzle) or K-major (tb = 0).
+template <int N>
+inline void emu_wgmma_rs(float (&d)[N / 2], const unsigned (&a)[4], unsigned long long db, int tb) {
     if (emu_warp != 32) { std::fprintf(stderr, "emulated wgmma needs 32-lane sub-groups\n"); std::abort(); }
     unsigned t = emu_cur, base = t / 32 * 32, lane = t - base, g = lane / 4, q = lane % 4;
     unsigned (*slots)[6] = emu_frag[emu_lane_turn[t]++ & 1];
     std::memcpy(slots[t], a, 4 * sizeof(unsigned));
     emu_warp_barriers[t / emu_warp].wait();
-    for (unsigned j = 0; j < 8; j++)
+    for (unsigned j = 0; j < N / 8; j++)
         for (unsigned i = 0; i < 4; i++) {
             unsigned r = g + 8 * (i / 2), n = 8 * j + 2 * q + i % 2;
             float acc = d[4 * j + i];
-            for (unsigned k = 0; k < 16; k++) acc += emu_frag_a(slots, base, r, k) * emu_swizzled_mn_bf16(db, n, k);
+            for (unsigned k = 0; k < 16; k++) acc += emu_frag_a(slots, base, r, k) * (tb ? emu_swizzled_mn_bf16(db, n, k) : emu_swizzled_bf16(db, n, k));
             d[4 * j + i] = acc;
         }
 }
@@ -334,6 +380,7 @@ template <class F> void emu_launch_clusters(unsigned gx, unsigned gy, unsigned g
                 for (unsigned b = 0; b < cl; b++) {
                     for (unsigned w = 0; w < wpb; w++) emu_warp_barriers[b * wpb + w] = EmuBarrier{std::min(emu_warp, threads - w * emu_warp)};
                     emu_block_barriers[b] = EmuBarrier{threads};
+                    for (EmuNamed& nb : emu_named[b]) nb = EmuNamed{};
                 }
                 emu_cluster_barrier = EmuBarrier{fibers};
                 std::fill(emu_smem, emu_smem + cl * EMU_SMEM_FLOATS, NAN);

@@ -13,6 +13,7 @@
 #include "../mla.cu"
 #include "../mla_grouped.cu"
 #include "../mla_wgmma.cu"
+#include "../mla_pair.cu"
 #include "../mla_flash.cu"
 #include "../dummy.cu"
 #include "../sample.cu"

@@ -10,7 +10,8 @@
 // one-query-part kernel against a reference with bf16-rounded queries); and the wgmma kernel
 // (mla_wgmma.cu: transposed products, the M-major value operand, one or two warpgroups; and
 // 64 heads a block, the weights in registers; and its tokens split between the warpgroups;
-// wgmma emulated).
+// wgmma emulated); and two tiles a step in ping-pong between the warpgroups (mla_pair.cu: named
+// barriers and mbarriers emulated; DeepSeek's width only).
 // Exit status: the number of failing cases.
 #include "emu.h"
 #include "../weft_port.h"
@@ -24,6 +25,7 @@
 #include "../moe_gemm.cu"
 #include "../moe_wgmma.cu"
 #include "../mla_wgmma.cu"
+#include "../mla_pair.cu"
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -56,6 +58,8 @@ int main() {
         {"mla_decode_wgh1_bf16", 0, mla_decode_wgh1_bf16, 256, 32, 32, 4, false, true, 1e-2}, {"mla_decode_wgh1_bf16", 0, mla_decode_wgh1_bf16, 256, 32, 32, 4, true, true, 1e-2},
         // the tile's tokens split between the warpgroups, one part as above
         {"mla_decode_wgs_bf16", 0, mla_decode_wgs_bf16, 256, 32, 64, 4, false, true, 1e-2}, {"mla_decode_wgs_bf16", 0, mla_decode_wgs_bf16, 256, 32, 64, 4, true, true, 1e-2},
+        // two tiles a step in ping-pong between the warpgroups (mla_pair.cu): DeepSeek's width only
+        {"mla_decode_wgp_bf16", 0, mla_decode_wgp_bf16, 256, 32, 64, 4, false, true, 1e-2},
     };
     const char* only = std::getenv("MLA_TEST_ONLY");  // a substring of the kernels' names to run
     for (const Variant& v : variants) {

@@ -7,16 +7,17 @@
 # GPU tests under the default, =5 and =3; bench — mla_bench 64 × 4096 (bf16 cache, HEADS,
 # 1 and 2 query rows), SETS alternated ROUNDS times; kimi — the Kimi-K2 slice (64 heads) end to
 # end over a bf16 cache at BATCH x CTX; ncu — Nsight Compute's throughput and scheduler
-# sections and stall reasons of one launch at NCU_HEADS (64) heads under each of SETS. Output: $OUT/round24.md.
+# sections and stall reasons of one launch at NCU_HEADS (64) heads under each of SETS. Output:
+# $OUT/round24.md (REPORT names another; TSETS: the tests' settings).
 set -uo pipefail
 export OUT=${OUT:-.device/out}; mkdir -p "$OUT"
-R="$OUT/round24.md"; touch "$R"
+R="$OUT/${REPORT:-round24}.md"; touch "$R"
 P=" ${PART:-tests bench kimi} "
 SETS=(${SETS:-WEFT_CUDA_MLA_WGMMA=3 WEFT_X=1 WEFT_CUDA_MLA_WGMMA=5})
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee -a "$R"
-[[ $P == *" tests "* ]] && for s in WEFT_X=1 WEFT_CUDA_MLA_WGMMA=5 WEFT_CUDA_MLA_WGMMA=3; do
+[[ $P == *" tests "* ]] && for s in ${TSETS:-WEFT_X=1 WEFT_CUDA_MLA_WGMMA=5 WEFT_CUDA_MLA_WGMMA=3}; do
   echo "== cuda-kernels-test MLA ($s)" | tee -a "$R"
-  env $s timeout 200 .device/cuda-kernels-test --test-threads 1 --nocapture ${KTESTS:-mla_ops_match_cpu mla_attention_head_counts} 2>&1 | grep -E "^test |test result|panicked|assert|wgs|FAIL" | tail -40 | tee -a "$R"
+  env $s timeout 200 .device/cuda-kernels-test --test-threads 1 --nocapture ${KTESTS:-mla_ops_match_cpu mla_attention_head_counts} 2>&1 | grep -E "^test |test result|panicked|assert|wgs|wgp|FAIL" | tail -40 | tee -a "$R"
 done
 [[ $P == *" bench "* ]] && for r in $(seq 1 ${ROUNDS:-2}); do
   for s in "${SETS[@]}"; do

@@ -94,6 +94,8 @@ pub const KERNEL_SOURCE: &str = concat!(
     "\n",
     include_str!("../../../kernels/mla_wgmma.cu"),
     "\n",
+    include_str!("../../../kernels/mla_pair.cu"),
+    "\n",
     include_str!("../../../kernels/mla_flash.cu"),
     "\n",
     include_str!("../../../kernels/dummy.cu"),
@@ -226,6 +228,7 @@ pub const KERNELS: &[&str] = &[
     "mla_decode_wgh_bf16",
     "mla_decode_wgh1_bf16",
     "mla_decode_wgs_bf16",
+    "mla_decode_wgp_bf16",
     "mla_combine",
     "mla_flash_bf16",
     "dummy_bf16",
@@ -356,14 +359,16 @@ pub struct CudaBackend {
     pub mla_mmg: Option<&'static str>,
     /// MLA decode over a bf16 cache on Hopper's warpgroup tensor cores (mla_wgmma.cu; sm_90a)
     /// where the layout fits: 16 heads a block with this many warpgroups (1, 2) for at most
-    /// `mla_wgmma_max_heads` heads, 64 heads a block beyond (`mla_decode_wgs_bf16`: the
-    /// warpgroups split each tile's tokens, one bf16 part of queries and weights — FlashMLA's
-    /// numerics, ~1e-3 from the other paths). Default: two warpgroups up to 16 heads, the
-    /// 64-head kernel above (results rounds 19, 20, 24).
+    /// `mla_wgmma_max_heads` heads, 64 heads a block beyond, one bf16 part of queries and
+    /// weights — FlashMLA's numerics, ~1e-3 from the other paths: `mla_decode_wgp_bf16`
+    /// (mla_pair.cu: two tiles a step in ping-pong between the warpgroups) at DeepSeek-V3's
+    /// width (512 + 64), `mla_decode_wgs_bf16` (the warpgroups split each tile's tokens) at
+    /// others. Default: two warpgroups up to 16 heads, the 64-head kernels above (results
+    /// rounds 19, 20, 24, 25).
     /// `WEFT_CUDA_MLA_WGMMA=0` never; `=1` / `=2` one 16-head variant for every head count;
     /// `=3` the two-part 64-head kernel (`mla_decode_wgh_bf16`: the warpgroups split each
     /// tile's width) for every head count, `=4` its one-part variant, `=5` `mla_decode_wgs_bf16`
-    /// for every head count.
+    /// for every head count, `=6` `mla_decode_wgp_bf16` for every head count where it fits.
     pub mla_wgmma: Option<usize>,
     /// Most heads a row `mla_wgmma` takes (`mla::WG_DEFAULT_MAX_HEADS`; any when set).
     pub mla_wgmma_max_heads: usize,
@@ -531,8 +536,23 @@ fn keep_pool_memory(ctx: &CudaContext) {
 }
 
 /// The files of `KERNEL_SOURCE`, in its order.
-const KERNEL_FILES: &[&str] =
-    &["weft_port.h", "weft.cu", "gemv.cu", "moe.cu", "mma.cu", "moe_gemm.cu", "moe_wgmma.cu", "mla.cu", "mla_grouped.cu", "mla_wgmma.cu", "mla_flash.cu", "dummy.cu", "sample.cu", "gemm.cu"];
+const KERNEL_FILES: &[&str] = &[
+    "weft_port.h",
+    "weft.cu",
+    "gemv.cu",
+    "moe.cu",
+    "mma.cu",
+    "moe_gemm.cu",
+    "moe_wgmma.cu",
+    "mla.cu",
+    "mla_grouped.cu",
+    "mla_wgmma.cu",
+    "mla_pair.cu",
+    "mla_flash.cu",
+    "dummy.cu",
+    "sample.cu",
+    "gemm.cu",
+];
 
 /// The kernels' source: the built-in one, or with `WEFT_CUDA_KERNEL_DIR=<dir>` the files of
 /// `KERNEL_FILES` read from that folder at start-up — for kernel experiments on a GPU machine
@@ -639,6 +659,7 @@ impl CudaBackend {
             "mla_decode_wgh_bf16",
             "mla_decode_wgh1_bf16",
             "mla_decode_wgs_bf16",
+            "mla_decode_wgp_bf16",
         ]
         .into_iter()
         .chain(mla::MMG_KERNELS.iter().map(|k| k.name))
@@ -717,7 +738,7 @@ impl CudaBackend {
             gemm_stack_max_m: std::env::var("WEFT_CUDA_GEMM_STACK_MAX_M").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
             mla_split_tiles: std::env::var("WEFT_CUDA_MLA_SPLIT_TILES").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1),
             mla_grouped: std::env::var("WEFT_CUDA_MLA_GROUPED").map_or(true, |v| v != "0"),
-            mla_wgmma: wgmma_setting.map_or(Some(2), |n| Some(n).filter(|&n| (1..=5).contains(&n))).filter(|_| mma && arch == "sm_90a"),
+            mla_wgmma: wgmma_setting.map_or(Some(2), |n| Some(n).filter(|&n| (1..=6).contains(&n))).filter(|_| mma && arch == "sm_90a"),
             mla_wgmma_max_heads: if wgmma_setting.is_some() { usize::MAX } else { mla::WG_DEFAULT_MAX_HEADS },
             mla_mmg: std::env::var("WEFT_CUDA_MLA_MMG").ok().and_then(|v| mla::MMG_KERNELS.iter().find(|k| k.name == v).map(|k| k.name)),
             mla_min_group: std::env::var("WEFT_CUDA_MLA_MIN_GROUP").ok().and_then(|v| v.parse().ok()).unwrap_or(8).max(1),

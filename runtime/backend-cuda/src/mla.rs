@@ -115,6 +115,22 @@ fn wgs_smem(width: usize) -> usize {
     1024 + 2 * chunks * WG_TILE * 128 + chunks * 64 * 128 + 64 * 128 + 2 * 64 * 4
 }
 
+/// `mla_decode_wgp_bf16` (mla_pair.cu): up to 64 heads a block, two `WG_TILE`-token tiles a
+/// step in ping-pong between the warpgroups (one's softmax while the other's products run),
+/// tiles refilled by halves behind mbarriers; one bf16 part of queries and weights. DeepSeek-V3
+/// / Kimi-K2's width only: latent `WGP_LATENT`, rope `WGP_ROPE`.
+const WGP_NAME: &str = "mla_decode_wgp_bf16";
+const WGP_LATENT: usize = 512;
+const WGP_ROPE: usize = 64;
+
+/// Its shared memory: alignment slack, two tiles and the queries (9 chunks of 64 rows of 128
+/// bytes each; P_B lives in the queries' rope chunk), P_A (64 rows of 128 bytes), the running
+/// max and two scale vectors (64 floats each), an mbarrier per half of each tile.
+fn wgp_smem() -> usize {
+    let chunks = (WGP_LATENT + WGP_ROPE) / 64;
+    1024 + 3 * chunks * 64 * 128 + 64 * 128 + 3 * 64 * 4 + 2 * 2 * 8
+}
+
 /// A grouped tensor-core kernel (`WEFT_MLA_MMG` in mla_grouped.cu): its cache type, tile
 /// tokens, 16-head m-tiles per block, n-tiles per score warp and query parts.
 pub struct MmgSpec {
@@ -192,10 +208,12 @@ impl CudaBackend {
     /// block). `WEFT_CUDA_MLA_GROUPED=0`: `mla_decode_mma` always; `WEFT_CUDA_MLA_MMG`: one
     /// grouped kernel by name for every head count. Before all of them on sm_90a over a bf16
     /// cache whose latent is a multiple of 64: `mla_decode_wg2_bf16` up to
-    /// `WG_DEFAULT_MAX_HEADS` heads, `mla_decode_wgs_bf16` (64 heads a block, one bf16 part of
-    /// queries and weights) beyond (`WEFT_CUDA_MLA_WGMMA=0`: never; `=1` / `=2`:
+    /// `WG_DEFAULT_MAX_HEADS` heads, 64 heads a block beyond (one bf16 part of queries and
+    /// weights): `mla_decode_wgp_bf16` (two tiles a step in ping-pong) at DeepSeek's width,
+    /// `mla_decode_wgs_bf16` at others (`WEFT_CUDA_MLA_WGMMA=0`: never; `=1` / `=2`:
     /// `mla_decode_wg_bf16` / `_wg2_` for every head count; `=3`: `_wgh_` (two parts) for every
-    /// head count; `=4`: `_wgh1_`; `=5`: `_wgs_` for every head count).
+    /// head count; `=4`: `_wgh1_`; `=5`: `_wgs_` for every head count; `=6`: `_wgp_` for every
+    /// head count where the width fits).
     fn mla_mma_kernel(&self, pool: &CudaKvPool, heads: usize) -> Option<MmaKernel> {
         if !self.mla_mma_fits(pool) {
             return None;
@@ -214,6 +232,8 @@ impl CudaBackend {
                 let parts = if n == 4 { 1 } else { 2 };
                 Some(MmaKernel { name: WGH_NAMES[parts - 1], tile: WGH_TILE, m_tiles: 4, threads: 256, smem: wgh_smem(w, parts) })
             }
+            5 if latent <= WGH_MAX_LATENT => Some(MmaKernel { name: WGS_NAME, tile: WG_TILE, m_tiles: 4, threads: 256, smem: wgs_smem(w) }),
+            _ if latent == WGP_LATENT && pool.layout.rope_dim == WGP_ROPE => Some(MmaKernel { name: WGP_NAME, tile: WG_TILE, m_tiles: 4, threads: 256, smem: wgp_smem() }),
             _ if latent <= WGH_MAX_LATENT => Some(MmaKernel { name: WGS_NAME, tile: WG_TILE, m_tiles: 4, threads: 256, smem: wgs_smem(w) }),
             _ => None,
         });
@@ -240,7 +260,7 @@ impl CudaBackend {
     /// the hi / lo parts of every other path (~1e-6).
     pub fn mla_decode_one_part(&self, pool: &CudaKvPool, heads: usize) -> bool {
         let name = self.mla_decode_kernel(pool, heads);
-        name == WGS_NAME || name == WGH_NAMES[0] || MMG_KERNELS.iter().any(|k| k.name == name && k.query_parts == 1)
+        name == WGS_NAME || name == WGP_NAME || name == WGH_NAMES[0] || MMG_KERNELS.iter().any(|k| k.name == name && k.query_parts == 1)
     }
 
     /// The decode kernel `mla_attention` launches for `heads` heads over this pool (rows of
@@ -354,6 +374,10 @@ mod tests {
         // maxima — 226 KB, within 1.5 KB of the limit.
         assert_eq!(super::wgs_smem(576), 1024 + 2 * 9 * 8192 + 9 * 8192 + 8192 + 512);
         assert!(super::wgs_smem(576) <= HOPPER_OPTIN, "{} bytes", super::wgs_smem(576));
+        // Two tiles a step in ping-pong: the same plus two scale vectors and four mbarriers
+        // (P_B in the queries' rope chunk) — the layout of mla_pair.cu, 1.2 KB from the limit.
+        assert_eq!(super::wgp_smem(), super::wgs_smem(576) - 512 + 3 * 256 + 32);
+        assert!(super::wgp_smem() <= HOPPER_OPTIN, "{} bytes", super::wgp_smem());
     }
 
     #[test]
