@@ -204,20 +204,6 @@ __device__ __forceinline__ void mlp_softmax(float (&s)[32], float* sm, u32 cnt, 
     }
 }
 
-// O's rows of this thread times f[rr] (skipped where every factor is 1).
-__device__ __forceinline__ void mlp_rescale(float (&o)[4][32], const float (&f)[2]) {
-#pragma unroll
-    for (int rr = 0; rr < 2; rr++)
-        if (f[rr] != 1.f)
-#pragma unroll
-            for (int mb = 0; mb < 4; mb++)
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    o[mb][4 * j + 2 * rr] *= f[rr];
-                    o[mb][4 * j + 2 * rr + 1] *= f[rr];
-                }
-}
-
 // The weights as bf16: the A fragments of the value product's four 16-token steps (step k:
 // tokens 16k + 2t (+ 1) in pa[k][0] (row g) / pa[k][1] (row g + 8), 16k + 8 + 2t (+ 1) in
 // pa[k][2] / pa[k][3]).
@@ -318,7 +304,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgp_bf16(const u
             mlp_store(pa, one, p0, wr, g, t);
             fence_async_shared();
             bar_arrive_n(MLP_BAR_SCALE0, 256);
-            mlp_rescale(o, c);
+            mlh_rescale(o, c);
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) wgmma_n256_rs_tb(o, pa[kk], wg_desc_add(dva, kk * 2048));
@@ -334,7 +320,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgp_bf16(const u
                 c[rr] = sc1[16 * wr + g + 8 * rr];
                 l[rr] *= c[rr];
             }
-            mlp_rescale(o, c);
+            mlh_rescale(o, c);
             mbar_wait(bars + MLP_NB + mlp_bar(3), ph);  // V_B[:, L]: this warpgroup's own copies
             wg_fence();
 #pragma unroll
@@ -360,7 +346,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgp_bf16(const u
             float m_old[2], m_new[2], sum[2], c[2];
 #pragma unroll
             for (int rr = 0; rr < 2; rr++) c[rr] = sc0[16 * wr + g + 8 * rr];
-            mlp_rescale(o, c);
+            mlh_rescale(o, c);
             mbar_wait(bars + mlp_bar(7), ph);  // V_A[:, R]: this warpgroup's own copies
             wg_fence();
 #pragma unroll
@@ -385,7 +371,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgp_bf16(const u
             wg_wait<0>();
             bar_sync_n(MLP_BAR_WG + 1, 128);
             if (k + 1 < npairs) mlp_load<4, MLP_NC>(tiles, bars, layer, B.table, base + MLP_T, B.t_end, page, pga);
-            mlp_rescale(o, c);
+            mlh_rescale(o, c);
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) wgmma_n256_rs_tb(o, pa[kk], wg_desc_add(dvb, kk * 2048));

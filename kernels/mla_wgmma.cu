@@ -461,6 +461,21 @@ __device__ __forceinline__ void mlh_empty(const MlaBlock& B, u32 heads, u32 late
     }
 }
 
+// This thread's accumulator rows (rr = 0, 1: elements 4j + 2rr + c of each 64-column tile)
+// times f[rr], skipped for a row whose factor is 1 (the running max did not move).
+__device__ __forceinline__ void mlh_rescale(float (&o)[4][32], const float (&f)[2]) {
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++)
+        if (f[rr] != 1.f)
+#pragma unroll
+            for (int mb = 0; mb < 4; mb++)
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    o[mb][4 * j + 2 * rr] *= f[rr];
+                    o[mb][4 * j + 2 * rr + 1] *= f[rr];
+                }
+}
+
 // Each of this thread's rows' sum over both warpgroups of the 64-head kernels: the quad's partial
 // sums `l_run` added, then the other warpgroup's through `xm` (128 floats of shared memory).
 __device__ __forceinline__ void mlh_sums(const float (&l_run)[2], float* xm, u32 wg, u32 wr, u32 g, u32 t, float (&l)[2]) {
@@ -573,16 +588,7 @@ __device__ __forceinline__ void mla_wgh_body(const u16* layer, const float* q_la
                 const int i = 4 * (2 * kk + q / 2) + 2 * (q % 2);
                 split_bf16x2(s[i], s[i + 1], ph[kk][q], pl[kk][q]);
             }
-#pragma unroll
-        for (int rr = 0; rr < 2; rr++)
-            if (corr[rr] != 1.f)
-#pragma unroll
-                for (int mb = 0; mb < 4; mb++)
-#pragma unroll
-                    for (int j = 0; j < 8; j++) {
-                        o[mb][4 * j + 2 * rr] *= corr[rr];
-                        o[mb][4 * j + 2 * rr + 1] *= corr[rr];
-                    }
+        mlh_rescale(o, corr);
         wg_fence();
 #pragma unroll
         for (int mb = 0; mb < 4; mb++)
@@ -710,11 +716,12 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgs_bf16(const u
         __syncthreads();
         // The tile's maximum (both warpgroups compute the same), the weights into this
         // warpgroup's half of P, the sums of the rounded weights, the outputs rescaled.
+        float corr[2];
 #pragma unroll
         for (int rr = 0; rr < 2; rr++) {
             const u32 h = 16 * wr + g + 8 * rr;
             const float m_new = fmaxf(m_run[rr], fmaxf(mx[rr], xm[(1 - wg) * 64 + h]));
-            const float corr = expf(m_run[rr] - m_new);
+            corr[rr] = expf(m_run[rr] - m_new);
             m_run[rr] = m_new;
             float sum = 0.f;
 #pragma unroll
@@ -724,16 +731,9 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgs_bf16(const u
                 sum += __uint_as_float(pk << 16) + __uint_as_float(pk & 0xffff0000u);
                 *(u32*)mlw_p_at(ps, h, 32 * wg + 8 * j + 2 * t) = pk;
             }
-            l_run[rr] = l_run[rr] * corr + sum;
-            if (corr != 1.f)
-#pragma unroll
-                for (int mb = 0; mb < 4; mb++)
-#pragma unroll
-                    for (int j = 0; j < 8; j++) {
-                        o[mb][4 * j + 2 * rr] *= corr;
-                        o[mb][4 * j + 2 * rr + 1] *= corr;
-                    }
+            l_run[rr] = l_run[rr] * corr[rr] + sum;
         }
+        mlh_rescale(o, corr);
         fence_async_shared();
         __syncthreads();
         // O_w += P · V[:, this warpgroup's columns], all 64 tokens; waited for at the next tile.
