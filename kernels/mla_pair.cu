@@ -226,7 +226,7 @@ __device__ __forceinline__ void mlp_store(const u32 (&pa)[4][4], const float (&f
         }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgp_bf16(const u16* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) {
+extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgp_bf16(const u16* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk, float* out, u32* sem) {
     WEFT_PDL_ENTRY();
     WEFT_DYNAMIC_SHARED(uint4, mlp_smem);
     unsigned char* sm8 = wg_align1024(mlp_smem);
@@ -242,7 +242,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgp_bf16(const u
     const MlaBlock B = mla_block(MLP_T, ctx, bt, bt_off, heads, groups, gsize, chunk);
     const u32 ntiles = (B.t_end - B.t_begin + MLP_T - 1) / MLP_T, npairs = (ntiles + 1) / 2;
     if (ntiles == 0) {
-        mlh_empty(B, heads, latent, o_part, ml_part);
+        mlh_empty(B, heads, latent, o_part, ml_part, out, sem, sm8);
         return;
     }
     if (tid < 2 * MLP_NB) mbar_init(bars + tid, 128);
@@ -391,5 +391,5 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgp_bf16(const u
     mlh_sums(l, sc0, wg, wr, g, t, lt);
 #pragma unroll
     for (int rr = 0; rr < 2; rr++) m_run[rr] = sm[16 * wr + g + 8 * rr] * 0.6931471805599453f;
-    mlh_store(o, m_run, lt, B, o_part, ml_part, heads, latent, 8, wg, wr, g, t);
+    mlh_store(o, m_run, lt, B, o_part, ml_part, out, sem, sm8, heads, latent, 8, wg, wr, g, t);
 }

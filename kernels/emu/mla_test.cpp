@@ -36,9 +36,12 @@ int main() {
     int fails = 0;
     using K32 = void (*)(const float*, const float*, const float*, const u32*, const u32*, const u32*, float*, float*, u32, u32, u32, u32, u32, u32, float, u32);
     using K16 = void (*)(const u16*, const float*, const float*, const u32*, const u32*, const u32*, float*, float*, u32, u32, u32, u32, u32, u32, float, u32);
+    // The 64-head kernels: their outputs merged in the kernel where `out` is given (mla_wgmma.cu
+    // mlh_store); each case runs them both ways.
+    using K16M = void (*)(const u16*, const float*, const float*, const u32*, const u32*, const u32*, float*, float*, u32, u32, u32, u32, u32, u32, float, u32, float*, u32*);
     // name, kernel (f32 or bf16 cache), threads, lanes, tile tokens, m-tiles per block, narrow
     // width, queries rounded to bf16 by the kernel (the reference then rounds them too)
-    struct Variant { const char* name; K32 k32; K16 k16; unsigned threads, lanes, tile, mg; bool narrow, qround = false; double tol = 1e-4; };
+    struct Variant { const char* name; K32 k32; K16 k16; unsigned threads, lanes, tile, mg; bool narrow, qround = false; double tol = 1e-4; K16M k16m = 0; };
     // NVIDIA's 32-lane warps and AMD's 64-lane wavefronts (the score phase shuffles in groups
     // of 16 lanes inside either); the tensor-core kernels are NVIDIA's only.
     const Variant variants[] = {
@@ -53,18 +56,18 @@ int main() {
         {"mla_decode_mmg4wq1_bf16", 0, mla_decode_mmg4wq1_bf16, 512, 32, 32, 4, false, true}, {"mla_decode_mmg4wq1_bf16", 0, mla_decode_mmg4wq1_bf16, 512, 32, 32, 4, true, true},
         {"mla_decode_wg_bf16", 0, mla_decode_wg_bf16, 128, 32, 64, 1, false}, {"mla_decode_wg_bf16", 0, mla_decode_wg_bf16, 128, 32, 64, 1, true},
         {"mla_decode_wg2_bf16", 0, mla_decode_wg2_bf16, 256, 32, 64, 1, false}, {"mla_decode_wg2_bf16", 0, mla_decode_wg2_bf16, 256, 32, 64, 1, true},
-        {"mla_decode_wgh_bf16", 0, mla_decode_wgh_bf16, 256, 32, 32, 4, false}, {"mla_decode_wgh_bf16", 0, mla_decode_wgh_bf16, 256, 32, 32, 4, true},
+        {"mla_decode_wgh_bf16", 0, 0, 256, 32, 32, 4, false, false, 1e-4, mla_decode_wgh_bf16}, {"mla_decode_wgh_bf16", 0, 0, 256, 32, 32, 4, true, false, 1e-4, mla_decode_wgh_bf16},
         // one part: bf16 queries (the reference rounds them too) and bf16 weights (~2^-9 each)
-        {"mla_decode_wgh1_bf16", 0, mla_decode_wgh1_bf16, 256, 32, 32, 4, false, true, 1e-2}, {"mla_decode_wgh1_bf16", 0, mla_decode_wgh1_bf16, 256, 32, 32, 4, true, true, 1e-2},
+        {"mla_decode_wgh1_bf16", 0, 0, 256, 32, 32, 4, false, true, 1e-2, mla_decode_wgh1_bf16}, {"mla_decode_wgh1_bf16", 0, 0, 256, 32, 32, 4, true, true, 1e-2, mla_decode_wgh1_bf16},
         // the tile's tokens split between the warpgroups, one part as above
-        {"mla_decode_wgs_bf16", 0, mla_decode_wgs_bf16, 256, 32, 64, 4, false, true, 1e-2}, {"mla_decode_wgs_bf16", 0, mla_decode_wgs_bf16, 256, 32, 64, 4, true, true, 1e-2},
+        {"mla_decode_wgs_bf16", 0, 0, 256, 32, 64, 4, false, true, 1e-2, mla_decode_wgs_bf16}, {"mla_decode_wgs_bf16", 0, 0, 256, 32, 64, 4, true, true, 1e-2, mla_decode_wgs_bf16},
         // two tiles a step in ping-pong between the warpgroups (mla_pair.cu): DeepSeek's width only
-        {"mla_decode_wgp_bf16", 0, mla_decode_wgp_bf16, 256, 32, 64, 4, false, true, 1e-2},
+        {"mla_decode_wgp_bf16", 0, 0, 256, 32, 64, 4, false, true, 1e-2, mla_decode_wgp_bf16},
     };
     const char* only = std::getenv("MLA_TEST_ONLY");  // a substring of the kernels' names to run
     for (const Variant& v : variants) {
     if (only && !std::strstr(v.name, only)) continue;
-    const bool mma = v.k32 != mla_decode && v.k16 != mla_decode_bf16, bf = v.k16 != 0;
+    const bool mma = v.k32 != mla_decode && v.k16 != mla_decode_bf16, bf = v.k16 || v.k16m;
     const unsigned vlat = v.narrow ? 64 : 512, vrd = v.narrow ? 32 : 64, vpage = v.narrow ? 16 : 64;
     emu_warp = v.lanes;
     const unsigned latent = vlat, rd = vrd, w = latent + rd, page = vpage, n = 2500, n_pages = (n + page - 1) / page, T = v.tile;
@@ -77,7 +80,9 @@ int main() {
     std::vector<unsigned> table(n_pages);
     for (unsigned i = 0; i < n_pages; i++) table[i] = n_pages - 1 - i;  // scattered pages
     struct Case { unsigned heads; int rows; unsigned max_splits; };
-    for (Case c : {Case{16, 1, 1000}, Case{8, 3, 24}, Case{16, 3, 24}, Case{64, 1, 12}, Case{20, 3, 24}, Case{40, 1, 12}}) {
+    std::vector<Case> cases = {Case{16, 1, 1000}, Case{8, 3, 24}, Case{16, 3, 24}, Case{64, 1, 12}, Case{20, 3, 24}, Case{40, 1, 12}};
+    if (v.k16m) cases.push_back(Case{64, 1, 1});  // one split: written out by the kernel at once
+    for (Case c : cases) {
         std::vector<unsigned> bt, off, ctx;
         for (int r = 0; r < c.rows; r++) {
             off.push_back(bt.size());
@@ -102,11 +107,27 @@ int main() {
         nsplit += mma && c.rows == 3;
         o_part.assign(c.rows * c.heads * nsplit * latent, NAN);
         ml.assign(c.rows * c.heads * nsplit * 2, NAN);
-        if (bf)
+        if (v.k16m)
+            emu_launch(base, nsplit, v.threads, [&] { v.k16m(layer16.data(), ql.data(), qp.data(), bt.data(), off.data(), ctx.data(), o_part.data(), ml.data(), c.heads, groups, hg, latent, rd, page, scale, T, nullptr, nullptr); });
+        else if (bf)
             emu_launch(base, nsplit, v.threads, [&] { v.k16(layer16.data(), ql.data(), qp.data(), bt.data(), off.data(), ctx.data(), o_part.data(), ml.data(), c.heads, groups, hg, latent, rd, page, scale, T); });
         else
             emu_launch(base, nsplit, v.threads, [&] { v.k32(layer.data(), ql.data(), qp.data(), bt.data(), off.data(), ctx.data(), o_part.data(), ml.data(), c.heads, groups, hg, latent, rd, page, scale, T); });
         emu_launch(c.rows * c.heads, (latent + 127) / 128, 128, [&] { mla_combine(o_part.data(), ml.data(), out.data(), nsplit, latent); });
+        // The same launch merging in the kernel: the counters (two a block of a split) must come
+        // back reset, and up to two splits the outputs must be mla_combine's, bit for bit.
+        std::vector<float> merged;
+        bool merge_ok = true;
+        if (v.k16m) {
+            std::vector<u32> sem(2 * base, 0);
+            merged.assign(out.size(), NAN);
+            o_part.assign(o_part.size(), NAN);
+            ml.assign(ml.size(), NAN);
+            emu_launch(base, nsplit, v.threads, [&] { v.k16m(layer16.data(), ql.data(), qp.data(), bt.data(), off.data(), ctx.data(), o_part.data(), ml.data(), c.heads, groups, hg, latent, rd, page, scale, T, merged.data(), sem.data()); });
+            for (u32 x : sem) merge_ok &= x == 0;
+            for (size_t i = 0; i < out.size(); i++)
+                if (nsplit <= 2 ? merged[i] != out[i] : !(std::fabs(merged[i] - out[i]) <= 1e-6 * (1 + std::fabs(out[i])))) merge_ok = false;
+        }
         double worst = 0, peak = 0;
         for (int r = 0; r < c.rows; r++)
             for (unsigned h = 0; h < c.heads; h++) {
@@ -136,8 +157,8 @@ int main() {
                     if (!std::isfinite(got)) break;
                 }
             }
-        bool ok = worst / peak < v.tol;
-        std::printf("%s %u+%u, %u-lane sub-groups, %u heads x %d rows, %u splits of %u: rel err %.2e %s\n", v.name, latent, rd, v.lanes, c.heads, c.rows, nsplit, chunk, worst / peak, ok ? "ok" : "FAILED");
+        bool ok = worst / peak < v.tol && merge_ok;
+        std::printf("%s %u+%u, %u-lane sub-groups, %u heads x %d rows, %u splits of %u: rel err %.2e%s %s\n", v.name, latent, rd, v.lanes, c.heads, c.rows, nsplit, chunk, worst / peak, v.k16m ? (merge_ok ? ", merged in the kernel: the same" : ", merged in the kernel: DIFFERENT") : "", ok ? "ok" : "FAILED");
         fails += !ok;
     }
     }

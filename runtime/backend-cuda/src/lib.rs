@@ -372,6 +372,14 @@ pub struct CudaBackend {
     pub mla_wgmma: Option<usize>,
     /// Most heads a row `mla_wgmma` takes (`mla::WG_DEFAULT_MAX_HEADS`; any when set).
     pub mla_wgmma_max_heads: usize,
+    /// Most context splits the 64-head MLA kernels merge in the kernel (the last split of a row
+    /// and head group to finish merges them; one split writes its rows out at once) instead of
+    /// through `mla_combine`: 1 (`WEFT_CUDA_MLA_MERGE`; 0: never) — a single split's rows
+    /// written out by the kernel measured 1.11× at 128 heads and with two query rows (64 ×
+    /// 4096, results round 26), while two splits merged by their last block measured 2 %
+    /// slower than the combine's launch at 64 heads (one block reads the other's partial by
+    /// itself; the combine spreads that over the GPU).
+    pub mla_merge: usize,
     /// Fewest activation rows the dense tensor-core kernels take (2; `WEFT_CUDA_MMA_MIN_M`).
     pub mma_min_m: usize,
     /// Most activation rows the dense tensor-core kernels take for bf16 / fp8 weights
@@ -479,6 +487,10 @@ pub struct CudaBackend {
     expert_tables: Mutex<HashMap<(u64, usize), Arc<moe::ExpertTables>>>,
     /// The routing kernel's count of finished blocks (zero between launches).
     moe_counter: Mutex<CudaSlice<u32>>,
+    /// The in-kernel MLA merge's counters: a ticket and a count of stored partials for each of
+    /// up to `mla::MLH_MERGE_BLOCKS` blocks of a split launch, zero between launches (the
+    /// merging block resets its pair).
+    mla_sem: Mutex<CudaSlice<u32>>,
     /// cuBLAS's workspace (kept alive while the handle uses it).
     #[cfg(feature = "cuda")]
     _blas_workspace: CudaSlice<u8>,
@@ -678,6 +690,7 @@ impl CudaBackend {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(dev)?;
         let moe_counter = stream.alloc_zeros::<u32>(1).map_err(dev)?;
+        let mla_sem = stream.alloc_zeros::<u32>(2 * mla::MLH_MERGE_BLOCKS).map_err(dev)?;
         #[cfg(feature = "cuda")]
         keep_pool_memory(&ctx);
         let blas = std::panic::catch_unwind(|| CudaBlas::new(stream.clone())).map_err(|_| unavailable("cuBLAS could not be loaded".into()))?.map_err(dev)?;
@@ -740,6 +753,7 @@ impl CudaBackend {
             mla_grouped: std::env::var("WEFT_CUDA_MLA_GROUPED").map_or(true, |v| v != "0"),
             mla_wgmma: wgmma_setting.map_or(Some(2), |n| Some(n).filter(|&n| (1..=6).contains(&n))).filter(|_| mma && arch == "sm_90a"),
             mla_wgmma_max_heads: if wgmma_setting.is_some() { usize::MAX } else { mla::WG_DEFAULT_MAX_HEADS },
+            mla_merge: std::env::var("WEFT_CUDA_MLA_MERGE").ok().and_then(|v| v.parse().ok()).unwrap_or(1),
             mla_mmg: std::env::var("WEFT_CUDA_MLA_MMG").ok().and_then(|v| mla::MMG_KERNELS.iter().find(|k| k.name == v).map(|k| k.name)),
             mla_min_group: std::env::var("WEFT_CUDA_MLA_MIN_GROUP").ok().and_then(|v| v.parse().ok()).unwrap_or(8).max(1),
             mla_waves: std::env::var("WEFT_CUDA_MLA_WAVES").ok().and_then(|v| v.parse().ok()).unwrap_or(4).max(1),
@@ -761,6 +775,7 @@ impl CudaBackend {
             uploads: uploads::UploadCache::default(),
             expert_tables: Mutex::new(HashMap::new()),
             moe_counter: Mutex::new(moe_counter),
+            mla_sem: Mutex::new(mla_sem),
             #[cfg(feature = "cuda")]
             _blas_workspace: blas_workspace,
             capturing: std::sync::atomic::AtomicBool::new(false),

@@ -131,6 +131,23 @@ fn wgp_smem() -> usize {
     1024 + 3 * chunks * 64 * 128 + 64 * 128 + 3 * 64 * 4 + 2 * 2 * 8
 }
 
+/// Blocks (rows × head groups) the 64-head kernels' in-kernel merge has counters for (two each,
+/// `CudaBackend::mla_sem`); launches with more blocks merge through `mla_combine`.
+pub(crate) const MLH_MERGE_BLOCKS: usize = 4096;
+
+/// Whether `name` is one of the 64-head kernels (mla_wgmma.cu `mlh_store`), which take `out` and
+/// the counters and can merge their splits themselves.
+fn mlh_kernel(name: &str) -> bool {
+    name == WGS_NAME || name == WGP_NAME || WGH_NAMES.contains(&name)
+}
+
+/// The shared memory their merging block uses (mla_wgmma.cu `mlh_merge`): the alignment slack,
+/// its own outputs' 64 rows (each padded by 8 floats), their maxima and sums, then a weight a
+/// split and head and each head's sum of weighted sums.
+fn mlh_merge_smem(latent: usize, nsplit: usize) -> usize {
+    1024 + 64 * (latent + 8) * 4 + 128 * 4 + 64 * (nsplit + 1) * 4
+}
+
 /// A grouped tensor-core kernel (`WEFT_MLA_MMG` in mla_grouped.cu): its cache type, tile
 /// tokens, 16-head m-tiles per block, n-tiles per score warp and query parts.
 pub struct MmgSpec {
@@ -318,6 +335,7 @@ impl CudaBackend {
         let parts = rows.len() * heads * nsplit;
         let mut o_part = self.out(parts * l.latent_dim)?;
         let mut ml_part = self.out(parts * 2)?;
+        let mut out = self.out(rows.len() * heads * l.latent_dim)?;
         let view = pool.layer(layer);
         let (h32, g32, gs, lat, rd, ps, ch) = (heads as u32, groups as u32, hg as u32, l.latent_dim as u32, l.rope_dim as u32, l.page_size as u32, min_chunk as u32);
         let bf = pool.bf16();
@@ -325,10 +343,24 @@ impl CudaBackend {
             Some(k) => (k.name, k.threads as u32, k.smem),
             None => (if bf { "mla_decode_bf16" } else { "mla_decode" }, THREADS, self.mla_smem(l.width(), hg)),
         };
+        // The 64-head kernels merge up to `mla_merge` splits themselves where their counters
+        // and shared memory reach (mla_wgmma.cu `mlh_store`).
+        let mlh = mlh_kernel(kernel);
+        let merge = mlh && nsplit <= self.mla_merge && base <= MLH_MERGE_BLOCKS && mlh_merge_smem(l.latent_dim, nsplit) <= smem;
+        let sem = self.mla_sem.lock().unwrap();
         let mut b = self.stream.launch_builder(self.func(kernel));
         b.arg(&view).arg(q_lat).arg(q_pe).arg(tables[0]).arg(tables[1]).arg(tables[2]).arg(&mut o_part).arg(&mut ml_part).arg(&h32).arg(&g32).arg(&gs).arg(&lat).arg(&rd).arg(&ps).arg(&scale).arg(&ch);
+        let null = 0u64;
+        if merge {
+            b.arg(&mut out).arg(&*sem);
+        } else if mlh {
+            b.arg(&null).arg(&null);
+        }
         unsafe { b.launch(LaunchConfig { grid_dim: (base as u32, nsplit as u32, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem as u32 }) }.map_err(dev)?;
-        let mut out = self.out(rows.len() * heads * l.latent_dim)?;
+        drop(sem);
+        if merge {
+            return Ok(out);
+        }
         let ns = nsplit as u32;
         let mut b = self.stream.launch_builder(self.func("mla_combine"));
         b.arg(&o_part).arg(&ml_part).arg(&mut out).arg(&ns).arg(&lat);
@@ -378,6 +410,13 @@ mod tests {
         // (P_B in the queries' rope chunk) — the layout of mla_pair.cu, 1.2 KB from the limit.
         assert_eq!(super::wgp_smem(), super::wgs_smem(576) - 512 + 3 * 256 + 32);
         assert!(super::wgp_smem() <= HOPPER_OPTIN, "{} bytes", super::wgp_smem());
+        // Their in-kernel merge stages 64 padded rows in the same shared memory (its ticket
+        // too: no static shared memory, which would push the opted-in dynamic size past the
+        // limit and fail the attribute at start-up): every 64-head kernel at DeepSeek's width
+        // has room for it far past the single split it merges by default.
+        for smem in [super::wgp_smem(), super::wgs_smem(576), super::wgh_smem(576, 1), super::wgh_smem(576, 2)] {
+            assert!(super::mlh_merge_smem(512, 64) <= smem, "{} > {smem} bytes", super::mlh_merge_smem(512, 64));
+        }
     }
 
     #[test]

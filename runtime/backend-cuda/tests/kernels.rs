@@ -355,6 +355,21 @@ fn mla_attention_head_counts_and_single_rows() {
                     let got = g.download(&g.mla_attention(&pg, 0, &g.upload(&q_lat).unwrap(), &g.upload(&q_pe).unwrap(), heads, &rows, 0.06).unwrap()).unwrap();
                     let want = c.mla_attention(&pc, 0, &q_lat, &q_pe, heads, &rows, 0.06).unwrap();
                     check(&format!("mla ({dtype:?} cache, {}) {heads} heads x {} rows of contexts {:?}", g.mla_decode_kernel(&pg, heads), rows.len(), &ctxs[..ctxs.len().min(2)]), &got, &want, tol);
+                    // The 64-head kernels merge up to `mla_merge` splits in the kernel: merged
+                    // there (up to 64 splits, so that many-split launches take the path too) and
+                    // by default, against the same launch merged by mla_combine (the same
+                    // arithmetic but for the order in which the split weights' sum is added past
+                    // two splits).
+                    if ["_wgp_", "_wgs_", "_wgh"].iter().any(|k| g.mla_decode_kernel(&pg, heads).contains(k)) {
+                        let merge = g.mla_merge;
+                        g.mla_merge = 64;
+                        let merged = g.download(&g.mla_attention(&pg, 0, &g.upload(&q_lat).unwrap(), &g.upload(&q_pe).unwrap(), heads, &rows, 0.06).unwrap()).unwrap();
+                        g.mla_merge = 0;
+                        let apart = g.download(&g.mla_attention(&pg, 0, &g.upload(&q_lat).unwrap(), &g.upload(&q_pe).unwrap(), heads, &rows, 0.06).unwrap()).unwrap();
+                        g.mla_merge = merge;
+                        check(&format!("  merged in the kernel against mla_combine, {heads} heads x {} rows", rows.len()), &merged, &apart, 1e-6);
+                        check(&format!("  by default against mla_combine, {heads} heads x {} rows", rows.len()), &got, &apart, 1e-6);
+                    }
                 }
             }
         }
