@@ -242,7 +242,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgp_bf16(const u
     const MlaBlock B = mla_block(MLP_T, ctx, bt, bt_off, heads, groups, gsize, chunk);
     const u32 ntiles = (B.t_end - B.t_begin + MLP_T - 1) / MLP_T, npairs = (ntiles + 1) / 2;
     if (ntiles == 0) {
-        mlh_empty(B, heads, latent, o_part, ml_part, out, sem, sm8);
+        mlh_empty(B, heads, latent, o_part, ml_part, out, sem);
         return;
     }
     if (tid < 2 * MLP_NB) mbar_init(bars + tid, 128);
@@ -391,5 +391,5 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgp_bf16(const u
     mlh_sums(l, sc0, wg, wr, g, t, lt);
 #pragma unroll
     for (int rr = 0; rr < 2; rr++) m_run[rr] = sm[16 * wr + g + 8 * rr] * 0.6931471805599453f;
-    mlh_store(o, m_run, lt, B, o_part, ml_part, out, sem, sm8, heads, latent, 8, wg, wr, g, t);
+    mlh_store(o, m_run, lt, B, o_part, ml_part, out, sem, heads, latent, 8, wg, wr, g, t);
 }

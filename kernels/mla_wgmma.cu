@@ -431,25 +431,22 @@ __device__ __forceinline__ void mlh_queries(unsigned char* qh, unsigned char* ql
 //
 // Without `out`, every block writes its split's partial outputs (unnormalised rows, each row's
 // maximum and sum) and mla_combine merges them in a second launch. With `out` (the host's
-// in-kernel merge), the block of a row and head group whose split finishes last merges them
-// itself: each block takes a ticket from `sem[2 · blockIdx.x]` once its loop is done; every
-// block but the last writes its partial and counts itself in `sem[2 · blockIdx.x + 1]`; the
-// last (every earlier ticket's block is already past its loop, so the wait is only for their
-// stores) waits for that count, resets both counters for the next launch, stages its own
-// outputs in shared memory instead of writing them, and merges with mla_combine's arithmetic —
-// weights expf(m_s − M) in split order, their products with the outputs summed in split order,
-// divided by L = Σ weight · l_s — into `out`. One split: no counters, o / l straight out. That
-// saves the second launch, the last split's partial and the re-reading of every partial from
-// memory (16.8 MB written and read, 8.4 MB written, at 64 heads × 64 rows × 2 splits).
-#define MLH_OWN_PAD 8  // floats of padding a staged row (rows g and g + 4 share banks, not all 8)
-#define MLH_MU 16      // float4 outputs a thread in flight while merging
+// in-kernel merge), the splits of a row and head group share their merge: split s merges the
+// 64-column tiles k with k % nsplit == s. Each block writes the partials of the tiles the
+// others merge, with its rows' maxima and sums, fences and counts itself in
+// `sem[2 · blockIdx.x]`; once all nsplit have, it merges its own tiles — its registers and the
+// others' partials — with mla_combine's arithmetic (weights expf(m_s − M), their products with
+// the outputs summed from zero in split order, divided by L = Σ weight · l_s with the products
+// rounded as the combine's block sum adds them) into `out`. The last block past the wait
+// (`sem[2 · blockIdx.x + 1]`) resets both counters for the next launch. The wait is on blocks
+// of the same launch, so the host merges several splits only where the whole grid is resident
+// at once (one block an SM). One split: no partial, no counter — o / l straight out, the
+// combine's (0 + 1 · o) / (1 · l). Bit for bit the combine's up to two splits (the order of
+// L's additions differs past that). Against the combine this saves its launch, the partials of
+// the tiles a block merges itself, and the re-reading of the rest from memory rather than L2.
 
-// Floats a staged row of the merging block's own outputs takes in shared memory (host:
-// `mlh_merge_smem`, which adds the maxima, sums, weights and L after the 64 rows).
-__device__ __forceinline__ u32 mlh_own_stride(u32 latent) { return latent + MLH_OWN_PAD; }
-
-// A float2 / float4 / float of another block's partial, written during this launch: from L2
-// (ld.global.cg), never from this SM's L1.
+// A float2 of another block's partial, written during this launch: from L2 (ld.global.cg),
+// never from this SM's L1.
 __device__ __forceinline__ float2 mlh_ld2(const float* p) {
 #if !defined(WEFT_NO_PTX)
     float2 v;
@@ -460,154 +457,106 @@ __device__ __forceinline__ float2 mlh_ld2(const float* p) {
     return make_float2(q[0], q[1]);
 #endif
 }
-__device__ __forceinline__ float4 mlh_ld4(const float* p) {
-#if !defined(WEFT_NO_PTX)
-    float4 v;
-    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
-    return v;
-#else
-    const volatile float* q = p;
-    return make_float4(q[0], q[1], q[2], q[3]);
-#endif
-}
 
-// Whether this block merges its row and head group's splits (see above): with one split, at
-// once; with several, once the earlier tickets' blocks have stored their partials. The ticket
-// passes through the first word of the merge's weights in `scratch` (written only after the
-// staging and a barrier; no static shared memory: these kernels' dynamic shared memory is
-// opted in up to the whole limit).
-__device__ __forceinline__ bool mlh_last(float* out, u32* sem, unsigned char* scratch, u32 latent) {
-    const u32 nsplit = gridDim.y;
-    if (!out) return false;
-    __syncthreads();  // every thread past the loop: shared memory free for the staging
-    if (nsplit == 1) return true;
-    volatile u32* ticket = (volatile u32*)((float*)scratch + 64 * mlh_own_stride(latent) + 128);
-    if (threadIdx.x == 0) *ticket = atomicAdd(sem + 2 * blockIdx.x, 1u);
-    __syncthreads();
-    return *ticket == nsplit - 1;
-}
-
-// After a block that does not merge has stored its partial: counted as done for the merging one.
-__device__ __forceinline__ void mlh_done(float* out, u32* sem) {
-    if (!out) return;
+// After this block's partials are stored: counts it in, waits until every split of its row and
+// head group has, and lets the last one past the wait reset both counters.
+__device__ __forceinline__ void mlh_wait_splits(u32* sem) {
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) atomicAdd(sem + 2 * blockIdx.x + 1, 1u);
-}
-
-// The merging block: waits for the other splits' stores, resets the counters, and merges into
-// `out` (its own split's rows, maxima and sums staged in `own`: [64][mlh_own_stride] floats,
-// then 64 maxima, then 64 sums; after them a weight a split and head, and each head's L).
-__device__ void mlh_merge(const MlaBlock& B, float* own, const float* o_part, const float* ml_part, float* out, u32* sem, u32 heads, u32 latent) {
-    const u32 nsplit = gridDim.y, me = blockIdx.y, ns1 = nsplit + 1, os = mlh_own_stride(latent);
-    if (nsplit > 1 && threadIdx.x == 0) {
-        const volatile u32* done = sem + 2 * blockIdx.x + 1;
-        while (*done != nsplit - 1) {
+    if (threadIdx.x == 0) {
+        u32* c = sem + 2 * blockIdx.x;
+        atomicAdd(c, 1u);
+        const volatile u32* n = c;
+#if defined(WEFT_EMU)
+        for (unsigned long long k = 0; *n < gridDim.y;) emu_spin(k, "merge counter");
+#else
+        while (*n < gridDim.y) {
         }
+#endif
         __threadfence();
-        sem[2 * blockIdx.x] = 0u;
-        sem[2 * blockIdx.x + 1] = 0u;
-    }
-    float* om = own + 64 * os;  // 64 maxima, 64 sums
-    float* wsh = om + 128;      // [64][nsplit + 1]: weights, then L
-    __syncthreads();
-    for (u32 h = threadIdx.x; h < B.hg; h += blockDim.x) {
-        const float* ml = ml_part + ((i64)B.row * heads + B.h0 + h) * nsplit * 2;
-        float M = -WEFT_INF;
-        for (u32 s = 0; s < nsplit; s++) M = fmaxf(M, s == me ? om[h] : mlh_ld2(ml + 2 * s).x);
-        float L = 0.f;
-        for (u32 s = 0; s < nsplit; s++) {
-            const float2 m_l = s == me ? make_float2(om[h], om[64 + h]) : mlh_ld2(ml + 2 * s);
-            const float e = m_l.x == -WEFT_INF ? 0.f : expf(m_l.x - M);
-            wsh[h * ns1 + s] = e;
-            L += __fmul_rn(e, m_l.y);  // as mla_combine's block sum adds rounded products
+        if (atomicAdd(c + 1, 1u) == gridDim.y - 1) {
+            c[0] = 0u;
+            c[1] = 0u;
         }
-        wsh[h * ns1 + nsplit] = L;
     }
     __syncthreads();
-    const u32 q4 = latent / 4, n4 = B.hg * q4;
-    for (u32 e0 = threadIdx.x; e0 < n4; e0 += MLH_MU * blockDim.x) {
-        float4 a[MLH_MU];
-#pragma unroll
-        for (int u = 0; u < MLH_MU; u++) a[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (u32 s = 0; s < nsplit; s++) {
-            float4 v[MLH_MU];
-#pragma unroll
-            for (int u = 0; u < MLH_MU; u++) {
-                const u32 e = e0 + u * blockDim.x, h = e / q4, d = 4 * (e % q4);
-                if (e >= n4) continue;
-                v[u] = s == me ? *(const float4*)(own + h * os + d) : mlh_ld4(o_part + (((i64)B.row * heads + B.h0 + h) * nsplit + s) * latent + d);
-            }
-#pragma unroll
-            for (int u = 0; u < MLH_MU; u++) {
-                const u32 e = e0 + u * blockDim.x, h = e / q4;
-                if (e >= n4) continue;
-                const float w = wsh[h * ns1 + s];
-                a[u].x += w * v[u].x;
-                a[u].y += w * v[u].y;
-                a[u].z += w * v[u].z;
-                a[u].w += w * v[u].w;
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < MLH_MU; u++) {
-            const u32 e = e0 + u * blockDim.x, h = e / q4, d = 4 * (e % q4);
-            if (e >= n4) continue;
-            const float L = wsh[h * ns1 + nsplit];
-            *(float4*)(out + ((i64)B.row * heads + B.h0 + h) * latent + d) = make_float4(a[u].x / L, a[u].y / L, a[u].z / L, a[u].w / L);
-        }
-    }
 }
 
 // Their outputs (see above): warpgroup wg's 256 latent columns of this thread's rows (heads
 // 16 · wr + g + 8rr; accumulator element 4j + 2rr + c is column 8j + 2t + c of 64-column tile
-// mb), and each row's maximum and sum `l` (written once, by warpgroup 0's t = 0 lanes) — as a
-// partial, or staged in `scratch` (the block's aligned shared memory) and merged.
-__device__ __forceinline__ void mlh_store(const float (&o)[4][32], const float (&m_run)[2], const float (&l)[2], const MlaBlock& B, float* o_part, float* ml_part, float* out, u32* sem, unsigned char* scratch, u32 heads, u32 latent, u32 nmb, u32 wg, u32 wr, u32 g, u32 t) {
-    const u32 nsplit = gridDim.y;
-    const i64 part = ((i64)B.row * heads + B.h0) * nsplit + blockIdx.y;
-    const bool last = mlh_last(out, sem, scratch, latent);
-    float* own = (float*)scratch;
-    const u32 os = mlh_own_stride(latent);
+// 4 · wg + mb), and each row's maximum and sum `l` (the same in every thread of the row).
+__device__ __forceinline__ void mlh_store(const float (&o)[4][32], const float (&m_run)[2], const float (&l)[2], const MlaBlock& B, float* o_part, float* ml_part, float* out, u32* sem, u32 heads, u32 latent, u32 nmb, u32 wg, u32 wr, u32 g, u32 t) {
+    const u32 nsplit = gridDim.y, me = blockIdx.y;
+    const i64 part = ((i64)B.row * heads + B.h0) * nsplit;  // split 0 of the group's first head
+    if (!out || nsplit > 1) {
+        // The partials: every tile for the combine, else the tiles other splits merge.
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            const u32 h = 16 * wr + g + 8 * rr;
+            if (h >= B.hg) continue;
+            float* dst = o_part + (part + (i64)h * nsplit + me) * latent;
+#pragma unroll
+            for (int mb = 0; mb < 4; mb++) {
+                const u32 k = 4 * wg + mb;
+                if (k < nmb && !(out && k % nsplit == me))
+#pragma unroll
+                    for (int j = 0; j < 8; j++) *(float2*)(dst + 64 * k + 8 * j + 2 * t) = make_float2(o[mb][4 * j + 2 * rr], o[mb][4 * j + 2 * rr + 1]);
+            }
+            if (wg == 0 && t == 0) *(float2*)(ml_part + (part + (i64)h * nsplit + me) * 2) = make_float2(m_run[rr], l[rr]);
+        }
+    }
+    if (!out) return;
+    if (nsplit > 1) mlh_wait_splits(sem);
 #pragma unroll
     for (int rr = 0; rr < 2; rr++) {
         const u32 h = 16 * wr + g + 8 * rr;
         if (h >= B.hg) continue;
-        float* dst = last ? own + h * os : o_part + (part + (i64)h * nsplit) * latent;
+        const float* ml = ml_part + (part + (i64)h * nsplit) * 2;
+        const float* op = o_part + (part + (i64)h * nsplit) * latent;
+        float M = -WEFT_INF, L = 0.f;
+        for (u32 s = 0; s < nsplit; s++) M = fmaxf(M, s == me ? m_run[rr] : mlh_ld2(ml + 2 * s).x);
+        for (u32 s = 0; s < nsplit; s++) {
+            const float2 m_l = s == me ? make_float2(m_run[rr], l[rr]) : mlh_ld2(ml + 2 * s);
+            L += __fmul_rn(m_l.x == -WEFT_INF ? 0.f : expf(m_l.x - M), m_l.y);
+        }
+        float* dst = out + ((i64)B.row * heads + B.h0 + h) * latent;
 #pragma unroll
-        for (int mb = 0; mb < 4; mb++)
-            if (4 * wg + mb < nmb)
+        for (int mb = 0; mb < 4; mb++) {
+            const u32 k = 4 * wg + mb;
+            if (k >= nmb || k % nsplit != me) continue;
+            float a[16];
 #pragma unroll
-                for (int j = 0; j < 8; j++) *(float2*)(dst + 64 * (4 * wg + mb) + 8 * j + 2 * t) = make_float2(o[mb][4 * j + 2 * rr], o[mb][4 * j + 2 * rr + 1]);
-        if (wg == 0 && t == 0) {
-            float* ml = last ? own + 64 * os + h : ml_part + (part + (i64)h * nsplit) * 2;
-            ml[0] = m_run[rr];
-            ml[last ? 64 : 1] = l[rr];
+            for (int i = 0; i < 16; i++) a[i] = 0.f;
+            for (u32 s = 0; s < nsplit; s++) {
+                const float m = s == me ? m_run[rr] : mlh_ld2(ml + 2 * s).x;
+                float2 v[8];
+#pragma unroll
+                for (int j = 0; j < 8; j++) v[j] = s == me ? make_float2(o[mb][4 * j + 2 * rr], o[mb][4 * j + 2 * rr + 1]) : mlh_ld2(op + (i64)s * latent + 64 * k + 8 * j + 2 * t);
+                const float e = m == -WEFT_INF ? 0.f : expf(m - M);
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    a[2 * j] += e * v[j].x;
+                    a[2 * j + 1] += e * v[j].y;
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 8; j++) *(float2*)(dst + 64 * k + 8 * j + 2 * t) = make_float2(a[2 * j] / L, a[2 * j + 1] / L);
         }
     }
-    if (last)
-        mlh_merge(B, own, o_part, ml_part, out, sem, heads, latent);
-    else
-        mlh_done(out, sem);
 }
 
 // An empty split of the 64-head kernels merges as nothing: zero outputs, no maximum, no sum.
-__device__ __forceinline__ void mlh_empty(const MlaBlock& B, u32 heads, u32 latent, float* o_part, float* ml_part, float* out, u32* sem, unsigned char* scratch) {
-    const u32 nsplit = gridDim.y;
-    const i64 part = ((i64)B.row * heads + B.h0) * nsplit + blockIdx.y;
-    const bool last = mlh_last(out, sem, scratch, latent);
-    float* own = (float*)scratch;
-    const u32 os = mlh_own_stride(latent);
-    for (u32 e = threadIdx.x; e < B.hg * latent; e += blockDim.x) (last ? own + (e / latent) * os : o_part + (part + (i64)(e / latent) * nsplit) * latent)[e % latent] = 0.f;
-    for (u32 h = threadIdx.x; h < B.hg; h += blockDim.x) {
-        float* ml = last ? own + 64 * os + h : ml_part + (part + (i64)h * nsplit) * 2;
-        ml[0] = -WEFT_INF;
-        ml[last ? 64 : 1] = 0.f;
-    }
-    if (last)
-        mlh_merge(B, own, o_part, ml_part, out, sem, heads, latent);
-    else
-        mlh_done(out, sem);
+// (Its own zeros, not the loop's accumulators: a path around the loop that reaches them makes
+// ptxas serialise every wgmma.)
+__device__ __forceinline__ void mlh_empty(const MlaBlock& B, u32 heads, u32 latent, float* o_part, float* ml_part, float* out, u32* sem) {
+    const u32 tid = threadIdx.x, lane = tid % 32;
+    float z[4][32];
+#pragma unroll
+    for (int mb = 0; mb < 4; mb++)
+#pragma unroll
+        for (int i = 0; i < 32; i++) z[mb][i] = 0.f;
+    const float m[2] = {-WEFT_INF, -WEFT_INF}, l[2] = {0.f, 0.f};
+    mlh_store(z, m, l, B, o_part, ml_part, out, sem, heads, latent, latent / 64, tid / 128, tid / 32 % 4, lane / 4, lane % 4);
 }
 
 // This thread's accumulator rows (rr = 0, 1: elements 4j + 2rr + c of each 64-column tile)
@@ -759,7 +708,7 @@ __device__ __forceinline__ void mla_wgh_body(const u16* layer, const float* q_la
         l[rr] += lane_xor(l[rr], 1);
         l[rr] += lane_xor(l[rr], 2);
     }
-    mlh_store(o, m_run, l, B, o_part, ml_part, out, sem, sm, heads, latent, nmb, wg, wr, g, t);
+    mlh_store(o, m_run, l, B, o_part, ml_part, out, sem, heads, latent, nmb, wg, wr, g, t);
 }
 extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgh_bf16(const u16* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk, float* out, u32* sem) {
     WEFT_PDL_ENTRY();
@@ -821,7 +770,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgs_bf16(const u
     if (ntiles == 0) {
         // (Returning here keeps the loop's value products the only definitions of the
         // accumulators after it — a path around the loop made ptxas serialise every wgmma.)
-        mlh_empty(B, heads, latent, o_part, ml_part, out, sem, sm);
+        mlh_empty(B, heads, latent, o_part, ml_part, out, sem);
         return;
     }
     mlw_load<MLW_T, 256>(tiles, layer, B.table, B.t_begin, B.t_end, page, w);
@@ -901,5 +850,5 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wgs_bf16(const u
     // Each row's sum (the same maxima rescaled both warpgroups' sums).
     float l[2];
     mlh_sums(l_run, xm, wg, wr, g, t, l);
-    mlh_store(o, m_run, l, B, o_part, ml_part, out, sem, sm, heads, latent, nmb, wg, wr, g, t);
+    mlh_store(o, m_run, l, B, o_part, ml_part, out, sem, heads, latent, nmb, wg, wr, g, t);
 }

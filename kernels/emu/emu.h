@@ -146,7 +146,8 @@ inline void emu_spin(unsigned long long& n, const char* what) {
 // Named barriers (bar.sync / bar.arrive id, n: n threads arrive, those that sync wait), 16 a
 // block, reset with the block's barriers.
 struct EmuNamed { unsigned count = 0, gen = 0; };
-static EmuNamed emu_named[8][16];
+static constexpr unsigned EMU_MAX_CLUSTER = 16, EMU_BURST = 16;  // blocks of a cluster run together
+static EmuNamed emu_named[EMU_MAX_CLUSTER][16];
 inline void emu_bar_arrive(unsigned id, unsigned n) {
     EmuNamed& b = emu_named[emu_cur / emu_bthreads][id];
     if (++b.count == n) b.count = 0, b.gen++;
@@ -206,7 +207,7 @@ inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
 
 // Dynamic shared memory (WEFT_DYNAMIC_SHARED in a kernel points into this array): 256 KB a
 // block, for up to EMU_MAX_CLUSTER blocks of a cluster.
-static constexpr unsigned EMU_SMEM_FLOATS = 1 << 16, EMU_MAX_CLUSTER = 8;
+static constexpr unsigned EMU_SMEM_FLOATS = 1 << 16;
 alignas(1024) float emu_smem[EMU_MAX_CLUSTER * EMU_SMEM_FLOATS];
 inline float* emu_block_smem() { return emu_smem + (emu_cur / emu_bthreads) * EMU_SMEM_FLOATS; }
 // The float at p's offset (p in this block's shared memory) in cluster block `rank`'s.
@@ -391,17 +392,22 @@ template <class F> void emu_launch_clusters(unsigned gx, unsigned gy, unsigned g
                     f.done = false;
                     emu_fiber_start(f);
                 }
-                // Round robin until every fiber has returned; a fiber runs until it waits.
+                // Round robin until every fiber has returned; a fiber runs until it waits. A
+                // cluster's blocks take turns of EMU_BURST rounds, the last block first, so that
+                // they drift apart as a GPU's blocks do: a block that reads what another writes
+                // without waiting for it reads NaN here instead of passing in lockstep.
                 for (bool left = true; left;) {
                     left = false;
-                    for (unsigned t = 0; t < fibers; t++) {
-                        if (emu_fibers[t].done) continue;
-                        emu_cur = t;
-                        threadIdx = {t % threads, 0, 0};
-                        blockIdx = {bx, by + t / threads, bz};
-                        emu_resume(t);
-                        left |= !emu_fibers[t].done;
-                    }
+                    for (unsigned b = cl; b-- > 0;)
+                        for (unsigned r = 0; r < (cl > 1 ? EMU_BURST : 1u); r++)
+                            for (unsigned t = b * threads; t < (b + 1) * threads; t++) {
+                                if (emu_fibers[t].done) continue;
+                                emu_cur = t;
+                                threadIdx = {t % threads, 0, 0};
+                                blockIdx = {bx, by + t / threads, bz};
+                                emu_resume(t);
+                                left |= !emu_fibers[t].done;
+                            }
                 }
             }
 }

@@ -372,13 +372,11 @@ pub struct CudaBackend {
     pub mla_wgmma: Option<usize>,
     /// Most heads a row `mla_wgmma` takes (`mla::WG_DEFAULT_MAX_HEADS`; any when set).
     pub mla_wgmma_max_heads: usize,
-    /// Most context splits the 64-head MLA kernels merge in the kernel (the last split of a row
-    /// and head group to finish merges them; one split writes its rows out at once) instead of
-    /// through `mla_combine`: 1 (`WEFT_CUDA_MLA_MERGE`; 0: never) — a single split's rows
-    /// written out by the kernel measured 1.11× at 128 heads and with two query rows (64 ×
-    /// 4096, results round 26), while two splits merged by their last block measured 2 %
-    /// slower than the combine's launch at 64 heads (one block reads the other's partial by
-    /// itself; the combine spreads that over the GPU).
+    /// Most context splits the 64-head MLA kernels merge in the kernel instead of through
+    /// `mla_combine` (`WEFT_CUDA_MLA_MERGE`, default 16, the most the emulator checks; 0: never):
+    /// a single split writes its rows out at once; several share the merge, each split's block
+    /// merging some of the 64-column tiles after waiting for the others' partials — so only
+    /// where the launch's whole grid is resident at once (`mla::mlh_merges`).
     pub mla_merge: usize,
     /// Fewest activation rows the dense tensor-core kernels take (2; `WEFT_CUDA_MMA_MIN_M`).
     pub mma_min_m: usize,
@@ -487,9 +485,9 @@ pub struct CudaBackend {
     expert_tables: Mutex<HashMap<(u64, usize), Arc<moe::ExpertTables>>>,
     /// The routing kernel's count of finished blocks (zero between launches).
     moe_counter: Mutex<CudaSlice<u32>>,
-    /// The in-kernel MLA merge's counters: a ticket and a count of stored partials for each of
-    /// up to `mla::MLH_MERGE_BLOCKS` blocks of a split launch, zero between launches (the
-    /// merging block resets its pair).
+    /// The in-kernel MLA merge's counters: the splits of each of up to `mla::MLH_MERGE_BLOCKS`
+    /// blocks (rows × head groups) whose partials are stored, and those past the wait; zero
+    /// between launches (the last split past the wait resets its pair).
     mla_sem: Mutex<CudaSlice<u32>>,
     /// cuBLAS's workspace (kept alive while the handle uses it).
     #[cfg(feature = "cuda")]
@@ -753,7 +751,7 @@ impl CudaBackend {
             mla_grouped: std::env::var("WEFT_CUDA_MLA_GROUPED").map_or(true, |v| v != "0"),
             mla_wgmma: wgmma_setting.map_or(Some(2), |n| Some(n).filter(|&n| (1..=6).contains(&n))).filter(|_| mma && arch == "sm_90a"),
             mla_wgmma_max_heads: if wgmma_setting.is_some() { usize::MAX } else { mla::WG_DEFAULT_MAX_HEADS },
-            mla_merge: std::env::var("WEFT_CUDA_MLA_MERGE").ok().and_then(|v| v.parse().ok()).unwrap_or(1),
+            mla_merge: std::env::var("WEFT_CUDA_MLA_MERGE").ok().and_then(|v| v.parse().ok()).unwrap_or(16),
             mla_mmg: std::env::var("WEFT_CUDA_MLA_MMG").ok().and_then(|v| mla::MMG_KERNELS.iter().find(|k| k.name == v).map(|k| k.name)),
             mla_min_group: std::env::var("WEFT_CUDA_MLA_MIN_GROUP").ok().and_then(|v| v.parse().ok()).unwrap_or(8).max(1),
             mla_waves: std::env::var("WEFT_CUDA_MLA_WAVES").ok().and_then(|v| v.parse().ok()).unwrap_or(4).max(1),

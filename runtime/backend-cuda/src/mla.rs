@@ -141,11 +141,12 @@ fn mlh_kernel(name: &str) -> bool {
     name == WGS_NAME || name == WGP_NAME || WGH_NAMES.contains(&name)
 }
 
-/// The shared memory their merging block uses (mla_wgmma.cu `mlh_merge`): the alignment slack,
-/// its own outputs' 64 rows (each padded by 8 floats), their maxima and sums, then a weight a
-/// split and head and each head's sum of weighted sums.
-fn mlh_merge_smem(latent: usize, nsplit: usize) -> usize {
-    1024 + 64 * (latent + 8) * 4 + 128 * 4 + 64 * (nsplit + 1) * 4
+/// Whether a 64-head launch of `base` blocks (rows × head groups) by `nsplit` splits merges in
+/// the kernel: at most `most` splits (`CudaBackend::mla_merge`), within the counters, and —
+/// since a block waits there for the other splits of its row and head group — several splits
+/// only where the whole grid is resident at once (one block an SM: their shared memory).
+fn mlh_merges(base: usize, nsplit: usize, most: usize, num_sms: usize) -> bool {
+    nsplit <= most && base <= MLH_MERGE_BLOCKS && (nsplit == 1 || base * nsplit <= num_sms)
 }
 
 /// A grouped tensor-core kernel (`WEFT_MLA_MMG` in mla_grouped.cu): its cache type, tile
@@ -332,29 +333,33 @@ impl CudaBackend {
         let min_chunk = self.mla_split_tiles * tile;
         let chunk = (max_ctx.div_ceil(nsplit).div_ceil(tile) * tile).max(min_chunk);
         nsplit = max_ctx.div_ceil(chunk);
-        let parts = rows.len() * heads * nsplit;
-        let mut o_part = self.out(parts * l.latent_dim)?;
-        let mut ml_part = self.out(parts * 2)?;
-        let mut out = self.out(rows.len() * heads * l.latent_dim)?;
-        let view = pool.layer(layer);
         let (h32, g32, gs, lat, rd, ps, ch) = (heads as u32, groups as u32, hg as u32, l.latent_dim as u32, l.rope_dim as u32, l.page_size as u32, min_chunk as u32);
         let bf = pool.bf16();
         let (kernel, threads, smem) = match mma {
             Some(k) => (k.name, k.threads as u32, k.smem),
             None => (if bf { "mla_decode_bf16" } else { "mla_decode" }, THREADS, self.mla_smem(l.width(), hg)),
         };
-        // The 64-head kernels merge up to `mla_merge` splits themselves where their counters
-        // and shared memory reach (mla_wgmma.cu `mlh_store`).
+        // The 64-head kernels merge their splits themselves where `mlh_merges` allows
+        // (mla_wgmma.cu `mlh_store`); a single split then writes no partials at all.
         let mlh = mlh_kernel(kernel);
-        let merge = mlh && nsplit <= self.mla_merge && base <= MLH_MERGE_BLOCKS && mlh_merge_smem(l.latent_dim, nsplit) <= smem;
-        let sem = self.mla_sem.lock().unwrap();
+        let merge = mlh && mlh_merges(base, nsplit, self.mla_merge, self.num_sms);
+        let parts = if merge && nsplit == 1 { 0 } else { rows.len() * heads * nsplit };
+        let mut o_part = self.out(parts * l.latent_dim)?;
+        let mut ml_part = self.out(parts * 2)?;
+        let mut out = self.out(rows.len() * heads * l.latent_dim)?;
+        let view = pool.layer(layer);
+        let sem = merge.then(|| self.mla_sem.lock().unwrap());
         let mut b = self.stream.launch_builder(self.func(kernel));
         b.arg(&view).arg(q_lat).arg(q_pe).arg(tables[0]).arg(tables[1]).arg(tables[2]).arg(&mut o_part).arg(&mut ml_part).arg(&h32).arg(&g32).arg(&gs).arg(&lat).arg(&rd).arg(&ps).arg(&scale).arg(&ch);
         let null = 0u64;
-        if merge {
-            b.arg(&mut out).arg(&*sem);
-        } else if mlh {
-            b.arg(&null).arg(&null);
+        match &sem {
+            Some(sem) => {
+                b.arg(&mut out).arg(&**sem);
+            }
+            None if mlh => {
+                b.arg(&null).arg(&null);
+            }
+            None => {}
         }
         unsafe { b.launch(LaunchConfig { grid_dim: (base as u32, nsplit as u32, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem as u32 }) }.map_err(dev)?;
         drop(sem);
@@ -410,13 +415,22 @@ mod tests {
         // (P_B in the queries' rope chunk) — the layout of mla_pair.cu, 1.2 KB from the limit.
         assert_eq!(super::wgp_smem(), super::wgs_smem(576) - 512 + 3 * 256 + 32);
         assert!(super::wgp_smem() <= HOPPER_OPTIN, "{} bytes", super::wgp_smem());
-        // Their in-kernel merge stages 64 padded rows in the same shared memory (its ticket
-        // too: no static shared memory, which would push the opted-in dynamic size past the
-        // limit and fail the attribute at start-up): every 64-head kernel at DeepSeek's width
-        // has room for it far past the single split it merges by default.
-        for smem in [super::wgp_smem(), super::wgs_smem(576), super::wgh_smem(576, 1), super::wgh_smem(576, 2)] {
-            assert!(super::mlh_merge_smem(512, 64) <= smem, "{} > {smem} bytes", super::mlh_merge_smem(512, 64));
-        }
+        // Nothing static: static shared memory beside a dynamic size opted in up to the whole
+        // limit makes cuFuncSetAttribute fail at start-up (round 26's first run).
+    }
+
+    #[test]
+    fn several_splits_merge_in_the_kernel_only_within_one_wave() {
+        // One split: any grid within the counters.
+        assert!(super::mlh_merges(4096, 1, 1, 132));
+        assert!(!super::mlh_merges(4097, 1, 16, 132));
+        // 64 heads x 64 rows x 2 splits: 128 blocks on 132 SMs.
+        assert!(super::mlh_merges(64, 2, 16, 132));
+        assert!(!super::mlh_merges(64, 2, 1, 132));
+        assert!(!super::mlh_merges(67, 2, 16, 132));
+        assert!(super::mlh_merges(1, 16, 16, 132));
+        assert!(!super::mlh_merges(1, 17, 16, 132));
+        assert!(!super::mlh_merges(1, 2, 0, 132));
     }
 
     #[test]

@@ -355,9 +355,10 @@ fn mla_attention_head_counts_and_single_rows() {
                     let got = g.download(&g.mla_attention(&pg, 0, &g.upload(&q_lat).unwrap(), &g.upload(&q_pe).unwrap(), heads, &rows, 0.06).unwrap()).unwrap();
                     let want = c.mla_attention(&pc, 0, &q_lat, &q_pe, heads, &rows, 0.06).unwrap();
                     check(&format!("mla ({dtype:?} cache, {}) {heads} heads x {} rows of contexts {:?}", g.mla_decode_kernel(&pg, heads), rows.len(), &ctxs[..ctxs.len().min(2)]), &got, &want, tol);
-                    // The 64-head kernels merge up to `mla_merge` splits in the kernel: merged
-                    // there (up to 64 splits, so that many-split launches take the path too) and
-                    // by default, against the same launch merged by mla_combine (the same
+                    // The 64-head kernels merge up to `mla_merge` splits in the kernel (several
+                    // only where the whole grid is resident): merged there (up to 64 splits, so
+                    // that many-split launches within one wave take the path too) and by
+                    // default, against the same launch merged by mla_combine (the same
                     // arithmetic but for the order in which the split weights' sum is added past
                     // two splits).
                     if ["_wgp_", "_wgs_", "_wgh"].iter().any(|k| g.mla_decode_kernel(&pg, heads).contains(k)) {
