@@ -121,8 +121,9 @@ int main() {
         // The same launch merging in the kernel, its splits' blocks run together (a cluster
         // along y, as the host merges several splits only where the whole grid is resident):
         // the counters (two a row and head group) must come back reset, and up to two splits
-        // the outputs must be mla_combine's, bit for bit. (Past the emulator's largest cluster
-        // the host does not merge by default either: `mla_merge` is 16.)
+        // the outputs must be mla_combine's, bit for bit. (The host merges at most two splits
+        // by default, `WEFT_CUDA_MLA_MERGE` more; past 16, the emulator's largest cluster, these
+        // cases are not merged here.)
         std::vector<float> merged;
         bool merge_ok = true, merge_ran = v.k16m && nsplit <= EMU_MAX_CLUSTER;
         if (merge_ran) {

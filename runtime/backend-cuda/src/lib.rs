@@ -373,10 +373,12 @@ pub struct CudaBackend {
     /// Most heads a row `mla_wgmma` takes (`mla::WG_DEFAULT_MAX_HEADS`; any when set).
     pub mla_wgmma_max_heads: usize,
     /// Most context splits the 64-head MLA kernels merge in the kernel instead of through
-    /// `mla_combine` (`WEFT_CUDA_MLA_MERGE`, default 16, the most the emulator checks; 0: never):
+    /// `mla_combine` (`WEFT_CUDA_MLA_MERGE`, default 2; 0: never; the emulator checks up to 16):
     /// a single split writes its rows out at once; several share the merge, each split's block
     /// merging some of the 64-column tiles after waiting for the others' partials — so only
-    /// where the launch's whole grid is resident at once (`mla::mlh_merges`).
+    /// where the launch's whole grid is resident at once (`mla::mlh_merges`). Two splits
+    /// measured 1.07× the combine at 64 heads × 64 rows × 4096; 16 (one row × 1024) 1.9×
+    /// slower, as a merging thread reads the other splits one after another (round 27).
     pub mla_merge: usize,
     /// Fewest activation rows the dense tensor-core kernels take (2; `WEFT_CUDA_MMA_MIN_M`).
     pub mma_min_m: usize,
@@ -751,7 +753,7 @@ impl CudaBackend {
             mla_grouped: std::env::var("WEFT_CUDA_MLA_GROUPED").map_or(true, |v| v != "0"),
             mla_wgmma: wgmma_setting.map_or(Some(2), |n| Some(n).filter(|&n| (1..=6).contains(&n))).filter(|_| mma && arch == "sm_90a"),
             mla_wgmma_max_heads: if wgmma_setting.is_some() { usize::MAX } else { mla::WG_DEFAULT_MAX_HEADS },
-            mla_merge: std::env::var("WEFT_CUDA_MLA_MERGE").ok().and_then(|v| v.parse().ok()).unwrap_or(16),
+            mla_merge: std::env::var("WEFT_CUDA_MLA_MERGE").ok().and_then(|v| v.parse().ok()).unwrap_or(2),
             mla_mmg: std::env::var("WEFT_CUDA_MLA_MMG").ok().and_then(|v| mla::MMG_KERNELS.iter().find(|k| k.name == v).map(|k| k.name)),
             mla_min_group: std::env::var("WEFT_CUDA_MLA_MIN_GROUP").ok().and_then(|v| v.parse().ok()).unwrap_or(8).max(1),
             mla_waves: std::env::var("WEFT_CUDA_MLA_WAVES").ok().and_then(|v| v.parse().ok()).unwrap_or(4).max(1),
