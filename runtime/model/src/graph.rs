@@ -159,7 +159,7 @@ impl<B: Backend> DeepseekV3<B> {
                 Some(d) => be.add_rms_norm(&mut residual, d, h, &lw.input_layernorm, eps)?,
             };
             let o = self.attention(i, lw, &x, pool, batch)?;
-            let x = self.attention_out(lw, &o, &mut residual, &lw.post_attention_layernorm)?;
+            let x = self.attention_out(lw, &o, &mut residual)?;
             let d = self.feed_forward(lw, &x)?;
             if i != last && self.capture.contains(&i) {
                 // The layer's output materialised (the next norm then has no delta to add).
@@ -216,7 +216,7 @@ impl<B: Backend> DeepseekV3<B> {
         be.add_inplace(&mut residual, &be.linear(&hn, &w.eh_hidden)?)?;
         let x = be.rms_norm(&residual, h, &w.layer.input_layernorm, eps)?;
         let o = self.attention(0, &w.layer, &x, pool, batch)?;
-        let x = self.attention_out(&w.layer, &o, &mut residual, &w.layer.post_attention_layernorm)?;
+        let x = self.attention_out(&w.layer, &o, &mut residual)?;
         let d = self.feed_forward(&w.layer, &x)?;
         be.add_inplace(&mut residual, &d)?;
         Ok(residual)
@@ -256,10 +256,11 @@ impl<B: Backend> DeepseekV3<B> {
     }
 
     /// The attention heads' output `o` through `o_proj` (summed over the tensor-parallel
-    /// group), added into the residual stream; the post-attention norm of it. Without a group
-    /// one backend op (`linear_add_rms_norm`), which may add the projection's pieces in the norm.
-    fn attention_out(&self, lw: &LayerWeights<B>, o: &B::Buf, residual: &mut B::Buf, norm: &B::Buf) -> Result<B::Buf> {
-        let be = &self.backend;
+    /// group), added into the residual stream; the layer's post-attention norm of it. Without a
+    /// group one backend op (`linear_add_rms_norm`), which may add the projection's pieces in
+    /// the norm.
+    fn attention_out(&self, lw: &LayerWeights<B>, o: &B::Buf, residual: &mut B::Buf) -> Result<B::Buf> {
+        let (be, norm) = (&self.backend, &lw.post_attention_layernorm);
         let (h, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps as f32);
         if self.group.is_some() {
             let attn = self.reduce(be.linear(o, &lw.attn.o_proj)?)?;
