@@ -444,10 +444,11 @@ __device__ __forceinline__ void mlh_queries(unsigned char* qh, unsigned char* ql
 // combine's (0 + 1 · o) / (1 · l). Bit for bit the combine's up to two splits (the order of
 // L's additions differs past that). Against the combine this saves its launch, the partials of
 // the tiles a block merges itself, and the re-reading of the rest from memory rather than L2:
-// 1.07× at 64 heads × 64 rows × 4096 (two splits). A merging thread reads the other splits one
-// after another (an L2 round trip each), so many splits lose to the combine's whole-GPU pass
-// (16 splits of one row: 39 against 20 µs; four at a time in flight, 255 registers, 47 → 39 µs
-// there but slower at two) — the host merges at most two by default.
+// 1.07× (H100) / 1.09× (H200) at 64 heads × 64 rows × 4096 (two splits). A merging thread reads
+// the other splits one after another (an L2 round trip each), so many splits lose to the
+// combine's whole-GPU pass (16 splits of one row: 40 against 20 µs; four at a time in flight,
+// 255 registers, 47 → 39 µs there but slower at two) — the host merges at most two by default,
+// and several only for head groups above 32 (results, round 27).
 
 // A float2 of another block's partial, written during this launch: from L2 (ld.global.cg),
 // never from this SM's L1.

@@ -376,9 +376,10 @@ pub struct CudaBackend {
     /// `mla_combine` (`WEFT_CUDA_MLA_MERGE`, default 2; 0: never; the emulator checks up to 16):
     /// a single split writes its rows out at once; several share the merge, each split's block
     /// merging some of the 64-column tiles after waiting for the others' partials — so only
-    /// where the launch's whole grid is resident at once (`mla::mlh_merges`). Two splits
-    /// measured 1.07× the combine at 64 heads × 64 rows × 4096; 16 (one row × 1024) 1.9×
-    /// slower, as a merging thread reads the other splits one after another (round 27).
+    /// where the launch's whole grid is resident at once, for head groups above 32
+    /// (`mla::mlh_merges`). Two splits measured 1.07–1.09× the combine at 64 heads × 64 rows ×
+    /// 4096; 16 (one row × 1024) 2× slower, as a merging thread reads the other splits one
+    /// after another (round 27).
     pub mla_merge: usize,
     /// Fewest activation rows the dense tensor-core kernels take (2; `WEFT_CUDA_MMA_MIN_M`).
     pub mma_min_m: usize,

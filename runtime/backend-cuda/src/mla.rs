@@ -141,12 +141,14 @@ fn mlh_kernel(name: &str) -> bool {
     name == WGS_NAME || name == WGP_NAME || WGH_NAMES.contains(&name)
 }
 
-/// Whether a 64-head launch of `base` blocks (rows × head groups) by `nsplit` splits merges in
-/// the kernel: at most `most` splits (`CudaBackend::mla_merge`), within the counters, and —
-/// since a block waits there for the other splits of its row and head group — several splits
-/// only where the whole grid is resident at once (one block an SM: their shared memory).
-fn mlh_merges(base: usize, nsplit: usize, most: usize, num_sms: usize) -> bool {
-    nsplit <= most && base <= MLH_MERGE_BLOCKS && (nsplit == 1 || base * nsplit <= num_sms)
+/// Whether a 64-head launch of `base` blocks (rows × head groups of `hg` heads) by `nsplit`
+/// splits merges in the kernel: at most `most` splits (`CudaBackend::mla_merge`), within the
+/// counters, and — since a block waits there for the other splits of its row and head group —
+/// several splits only where the whole grid is resident at once (one block an SM: their shared
+/// memory) and the groups have more than 32 heads (at 32 two splits merged measured 1–2 %
+/// slower than the combine, whose traffic shrinks with the heads; 1.07–1.16× at 64, round 27).
+fn mlh_merges(base: usize, nsplit: usize, hg: usize, most: usize, num_sms: usize) -> bool {
+    nsplit <= most && base <= MLH_MERGE_BLOCKS && (nsplit == 1 || (hg > 32 && base * nsplit <= num_sms))
 }
 
 /// A grouped tensor-core kernel (`WEFT_MLA_MMG` in mla_grouped.cu): its cache type, tile
@@ -342,7 +344,7 @@ impl CudaBackend {
         // The 64-head kernels merge their splits themselves where `mlh_merges` allows
         // (mla_wgmma.cu `mlh_store`); a single split then writes no partials at all.
         let mlh = mlh_kernel(kernel);
-        let merge = mlh && mlh_merges(base, nsplit, self.mla_merge, self.num_sms);
+        let merge = mlh && mlh_merges(base, nsplit, hg, self.mla_merge, self.num_sms);
         let parts = if merge && nsplit == 1 { 0 } else { rows.len() * heads * nsplit };
         let mut o_part = self.out(parts * l.latent_dim)?;
         let mut ml_part = self.out(parts * 2)?;
@@ -421,16 +423,19 @@ mod tests {
 
     #[test]
     fn several_splits_merge_in_the_kernel_only_within_one_wave() {
-        // One split: any grid within the counters.
-        assert!(super::mlh_merges(4096, 1, 1, 132));
-        assert!(!super::mlh_merges(4097, 1, 16, 132));
+        // One split: any grid within the counters, any heads.
+        assert!(super::mlh_merges(4096, 1, 32, 1, 132));
+        assert!(!super::mlh_merges(4097, 1, 64, 16, 132));
         // 64 heads x 64 rows x 2 splits: 128 blocks on 132 SMs.
-        assert!(super::mlh_merges(64, 2, 16, 132));
-        assert!(!super::mlh_merges(64, 2, 1, 132));
-        assert!(!super::mlh_merges(67, 2, 16, 132));
-        assert!(super::mlh_merges(1, 16, 16, 132));
-        assert!(!super::mlh_merges(1, 17, 16, 132));
-        assert!(!super::mlh_merges(1, 2, 0, 132));
+        assert!(super::mlh_merges(64, 2, 64, 2, 132));
+        assert!(!super::mlh_merges(64, 2, 64, 1, 132));
+        assert!(!super::mlh_merges(67, 2, 64, 2, 132));
+        // Not at 32 heads a group (slower than the combine there).
+        assert!(!super::mlh_merges(64, 2, 32, 2, 132));
+        assert!(super::mlh_merges(64, 2, 40, 2, 132));
+        assert!(super::mlh_merges(1, 16, 64, 16, 132));
+        assert!(!super::mlh_merges(1, 17, 64, 16, 132));
+        assert!(!super::mlh_merges(1, 2, 64, 0, 132));
     }
 
     #[test]
