@@ -131,8 +131,8 @@ fn wgp_smem() -> usize {
     1024 + 3 * chunks * 64 * 128 + 64 * 128 + 3 * 64 * 4 + 2 * 2 * 8
 }
 
-/// Blocks (rows × head groups) the 64-head kernels' in-kernel merge has counters for (two each,
-/// `CudaBackend::mla_sem`); launches with more blocks merge through `mla_combine`.
+/// Blocks (rows × head groups) the 64-head kernels' in-kernel merge of several splits has
+/// counters for (two each, `CudaBackend::mla_sem`); beyond, `mla_combine` merges.
 pub(crate) const MLH_MERGE_BLOCKS: usize = 4096;
 
 /// Whether `name` is one of the 64-head kernels (mla_wgmma.cu `mlh_store`), which take `out` and
@@ -142,13 +142,14 @@ fn mlh_kernel(name: &str) -> bool {
 }
 
 /// Whether a 64-head launch of `base` blocks (rows × head groups of `hg` heads) by `nsplit`
-/// splits merges in the kernel: at most `most` splits (`CudaBackend::mla_merge`), within the
-/// counters, and — since a block waits there for the other splits of its row and head group —
-/// several splits only where the whole grid is resident at once (one block an SM: their shared
+/// splits merges in the kernel: at most `most` splits (`CudaBackend::mla_merge`); a single split
+/// at any size (no counters, no wait); several — since a block waits there for the other
+/// splits of its row and head group — only within the counters, where the whole grid is
+/// resident at once (one block an SM: their shared
 /// memory) and the groups have more than 32 heads (at 32 two splits merged measured 1–2 %
 /// slower than the combine, whose traffic shrinks with the heads; 1.07–1.16× at 64, round 27).
 fn mlh_merges(base: usize, nsplit: usize, hg: usize, most: usize, num_sms: usize) -> bool {
-    nsplit <= most && base <= MLH_MERGE_BLOCKS && (nsplit == 1 || (hg > 32 && base * nsplit <= num_sms))
+    nsplit <= most && (nsplit == 1 || (hg > 32 && base * nsplit <= num_sms.min(MLH_MERGE_BLOCKS)))
 }
 
 /// A grouped tensor-core kernel (`WEFT_MLA_MMG` in mla_grouped.cu): its cache type, tile
@@ -350,18 +351,19 @@ impl CudaBackend {
         let mut ml_part = self.out(parts * 2)?;
         let mut out = self.out(rows.len() * heads * l.latent_dim)?;
         let view = pool.layer(layer);
-        let sem = merge.then(|| self.mla_sem.lock().unwrap());
+        // The counters only for several splits (a single one writes its rows out at once).
+        let sem = (merge && nsplit > 1).then(|| self.mla_sem.lock().unwrap());
         let mut b = self.stream.launch_builder(self.func(kernel));
         b.arg(&view).arg(q_lat).arg(q_pe).arg(tables[0]).arg(tables[1]).arg(tables[2]).arg(&mut o_part).arg(&mut ml_part).arg(&h32).arg(&g32).arg(&gs).arg(&lat).arg(&rd).arg(&ps).arg(&scale).arg(&ch);
         let null = 0u64;
-        match &sem {
-            Some(sem) => {
-                b.arg(&mut out).arg(&**sem);
-            }
-            None if mlh => {
-                b.arg(&null).arg(&null);
-            }
-            None => {}
+        if merge {
+            b.arg(&mut out);
+            match &sem {
+                Some(sem) => b.arg(&**sem),
+                None => b.arg(&null),
+            };
+        } else if mlh {
+            b.arg(&null).arg(&null);
         }
         unsafe { b.launch(LaunchConfig { grid_dim: (base as u32, nsplit as u32, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem as u32 }) }.map_err(dev)?;
         drop(sem);
@@ -423,9 +425,10 @@ mod tests {
 
     #[test]
     fn several_splits_merge_in_the_kernel_only_within_one_wave() {
-        // One split: any grid within the counters, any heads.
+        // One split: any grid, any heads.
         assert!(super::mlh_merges(4096, 1, 32, 1, 132));
-        assert!(!super::mlh_merges(4097, 1, 64, 16, 132));
+        assert!(super::mlh_merges(10_000, 1, 64, 2, 132));
+        assert!(!super::mlh_merges(10_000, 1, 64, 0, 132));
         // 64 heads x 64 rows x 2 splits: 128 blocks on 132 SMs.
         assert!(super::mlh_merges(64, 2, 64, 2, 132));
         assert!(!super::mlh_merges(64, 2, 64, 1, 132));
