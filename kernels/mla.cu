@@ -177,6 +177,11 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_decode_bf16(const u16* 
     mla_decode_body(layer, q_lat, q_pe, bt, bt_off, ctx, o_part, ml_part, heads, groups, gsize, latent, rd, page, scale, chunk);
 }
 
+// A context split's weight in the merge of its partial output: exp(m_s − M) for its maximum m_s
+// against the largest M, nothing for an empty split (also the 64-head kernels' in-kernel merge,
+// mla_wgmma.cu `mlh_store`, which must match these bits).
+__device__ __forceinline__ float mla_split_weight(float m, float M) { return m == -WEFT_INF ? 0.f : expf(m - M); }
+
 // Block (row·head, column chunk): merges the splits' partial outputs for blockDim.x latent
 // columns of one row and head (columns in chunks, so that a single decoding row still spreads
 // over many SMs). The splits' weights exp(m_s - M) / L are computed once per block, in
@@ -194,7 +199,7 @@ extern "C" __global__ void mla_combine(const float* o_part, const float* ml_part
     float l = 0.f;
     for (u32 s = threadIdx.x; s < nsplit; s += blockDim.x) {
         float m = ml[2 * s];
-        float e = m == -WEFT_INF ? 0.f : expf(m - M);
+        float e = mla_split_weight(m, M);
         wsh[s] = e;
         l += e * ml[2 * s + 1];
     }

@@ -522,7 +522,7 @@ __device__ __forceinline__ void mlh_store(const float (&o)[4][32], const float (
         for (u32 s = 0; s < nsplit; s++) M = fmaxf(M, s == me ? m_run[rr] : mlh_ld2(ml + 2 * s).x);
         for (u32 s = 0; s < nsplit; s++) {
             const float2 m_l = s == me ? make_float2(m_run[rr], l[rr]) : mlh_ld2(ml + 2 * s);
-            L += __fmul_rn(m_l.x == -WEFT_INF ? 0.f : expf(m_l.x - M), m_l.y);
+            L += __fmul_rn(mla_split_weight(m_l.x, M), m_l.y);
         }
         float* dst = out + ((i64)B.row * heads + B.h0 + h) * latent;
 #pragma unroll
@@ -537,7 +537,7 @@ __device__ __forceinline__ void mlh_store(const float (&o)[4][32], const float (
                 float2 v[8];
 #pragma unroll
                 for (int j = 0; j < 8; j++) v[j] = s == me ? make_float2(o[mb][4 * j + 2 * rr], o[mb][4 * j + 2 * rr + 1]) : mlh_ld2(op + (i64)s * latent + 64 * k + 8 * j + 2 * t);
-                const float e = m == -WEFT_INF ? 0.f : expf(m - M);
+                const float e = mla_split_weight(m, M);
 #pragma unroll
                 for (int j = 0; j < 8; j++) {
                     a[2 * j] += e * v[j].x;

@@ -488,9 +488,10 @@ pub struct CudaBackend {
     expert_tables: Mutex<HashMap<(u64, usize), Arc<moe::ExpertTables>>>,
     /// The routing kernel's count of finished blocks (zero between launches).
     moe_counter: Mutex<CudaSlice<u32>>,
-    /// The in-kernel MLA merge's counters: the splits of each of up to `mla::MLH_MERGE_BLOCKS`
-    /// blocks (rows × head groups) whose partials are stored, and those past the wait; zero
-    /// between launches (the last split past the wait resets its pair).
+    /// The in-kernel MLA merge's counters: for each block (row × head group) of a launch that
+    /// merges several splits — at most one an SM (`mla::mlh_merges`) — the splits whose partials
+    /// are stored and those past the wait; zero between launches (the last split past the wait
+    /// resets its pair).
     mla_sem: Mutex<CudaSlice<u32>>,
     /// cuBLAS's workspace (kept alive while the handle uses it).
     #[cfg(feature = "cuda")]
@@ -691,7 +692,8 @@ impl CudaBackend {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(dev)?;
         let moe_counter = stream.alloc_zeros::<u32>(1).map_err(dev)?;
-        let mla_sem = stream.alloc_zeros::<u32>(2 * mla::MLH_MERGE_BLOCKS).map_err(dev)?;
+        let mla_sem = stream.alloc_zeros::<u32>(2 * num_sms).map_err(dev)?;
+
         #[cfg(feature = "cuda")]
         keep_pool_memory(&ctx);
         let blas = std::panic::catch_unwind(|| CudaBlas::new(stream.clone())).map_err(|_| unavailable("cuBLAS could not be loaded".into()))?.map_err(dev)?;

@@ -131,10 +131,6 @@ fn wgp_smem() -> usize {
     1024 + 3 * chunks * 64 * 128 + 64 * 128 + 3 * 64 * 4 + 2 * 2 * 8
 }
 
-/// Blocks (rows × head groups) the 64-head kernels' in-kernel merge of several splits has
-/// counters for (two each, `CudaBackend::mla_sem`); beyond, `mla_combine` merges.
-pub(crate) const MLH_MERGE_BLOCKS: usize = 4096;
-
 /// Whether `name` is one of the 64-head kernels (mla_wgmma.cu `mlh_store`), which take `out` and
 /// the counters and can merge their splits themselves.
 fn mlh_kernel(name: &str) -> bool {
@@ -144,12 +140,12 @@ fn mlh_kernel(name: &str) -> bool {
 /// Whether a 64-head launch of `base` blocks (rows × head groups of `hg` heads) by `nsplit`
 /// splits merges in the kernel: at most `most` splits (`CudaBackend::mla_merge`); a single split
 /// at any size (no counters, no wait); several — since a block waits there for the other
-/// splits of its row and head group — only within the counters, where the whole grid is
-/// resident at once (one block an SM: their shared
-/// memory) and the groups have more than 32 heads (at 32 two splits merged measured 1–2 %
+/// splits of its row and head group — only where the whole grid is resident at once (one block
+/// an SM: their shared memory; so within the `num_sms` counter pairs of `CudaBackend::mla_sem`)
+/// and the groups have more than 32 heads (at 32 two splits merged measured 1–2 %
 /// slower than the combine, whose traffic shrinks with the heads; 1.07–1.16× at 64, round 27).
 fn mlh_merges(base: usize, nsplit: usize, hg: usize, most: usize, num_sms: usize) -> bool {
-    nsplit <= most && (nsplit == 1 || (hg > 32 && base * nsplit <= num_sms.min(MLH_MERGE_BLOCKS)))
+    nsplit <= most && (nsplit == 1 || (hg > 32 && base * nsplit <= num_sms))
 }
 
 /// A grouped tensor-core kernel (`WEFT_MLA_MMG` in mla_grouped.cu): its cache type, tile
