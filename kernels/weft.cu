@@ -404,3 +404,43 @@ extern "C" __global__ void fill_f32(float* x, float v, i64 n) { WEFT_PDL_ENTRY()
 extern "C" __global__ void scatter_rows(const float* x, const u32* rows, float* out, u32 d) { WEFT_PDL_ENTRY();
     for (u32 j = threadIdx.x; j < d; j += blockDim.x) out[(i64)rows[blockIdx.x] * d + j] = x[(i64)blockIdx.x * d + j];
 }
+
+// Weights the step reads soon, towards L2 (the CUDA backend's `prefetch_weights`,
+// src/l2_prefetch.rs: a node beside a recorded step's chain of kernels, which nothing waits
+// for). Up to L2PF_RANGES ranges, each cut to whole 16-byte units, in bulk prefetches of
+// WEFT_L2PF_CHUNK bytes dealt round-robin over the grid's threads in range order (the first
+// range's first). It reads nothing a kernel writes, so it does not wait for the kernel before
+// it, and it writes nothing. WEFT_L2PF_EVICT_LAST marks the lines last to be evicted (for
+// comparisons). Without PTX (HIP, the CPU emulator) it does nothing.
+#define L2PF_RANGES 8
+#ifndef WEFT_L2PF_CHUNK
+#define WEFT_L2PF_CHUNK 16384u
+#endif
+struct L2Ranges {
+    u64 ptr[L2PF_RANGES];
+    u64 bytes[L2PF_RANGES];
+};
+extern "C" __global__ void l2_prefetch(L2Ranges r) {
+#if !defined(WEFT_NO_PTX) && !defined(WEFT_NO_PREFETCH) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#ifdef WEFT_L2PF_EVICT_LAST
+    u64 policy;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+#endif
+    const u64 threads = (u64)gridDim.x * blockDim.x, t = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    u64 first = 0;  // chunks of the ranges before this one
+    for (int i = 0; i < L2PF_RANGES; ++i) {
+        const u64 n = r.bytes[i] / 16 * 16, chunks = (n + WEFT_L2PF_CHUNK - 1) / WEFT_L2PF_CHUNK;
+        for (u64 c = (t + threads - first % threads) % threads; c < chunks; c += threads) {
+            const char* p = (const char*)r.ptr[i] + c * WEFT_L2PF_CHUNK;
+            const u64 left = n - c * WEFT_L2PF_CHUNK;
+            const u32 b = (u32)(left < WEFT_L2PF_CHUNK ? left : WEFT_L2PF_CHUNK);
+#ifdef WEFT_L2PF_EVICT_LAST
+            asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(p), "r"(b), "l"(policy) : "memory");
+#else
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(b) : "memory");
+#endif
+        }
+        first += chunks;
+    }
+#endif
+}
