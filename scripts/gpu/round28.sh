@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On the GPU machine (binaries from scripts/gpu/build_device.sh in .device/): round 28
+# On the GPU machine (binaries from scripts/gpu/build_device.sh in .device/, built from commit
+# 5dea962 — the code was reverted after it, since it measured slower): round 28
 # (results/roofline-h200.md) — the weights a layer reads after its attention (o_proj, then the
 # shared experts' or dense MLP's gate|up and down) moved towards L2 by a prefetch node beside the
 # recorded step's chain (src/l2_prefetch.rs), against no prefetch (WEFT_CUDA_L2_PREFETCH_MB=0),

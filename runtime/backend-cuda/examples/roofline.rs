@@ -366,7 +366,7 @@ fn main() {
     }
 
     let st = be.graph_stats();
-    println!("(step graphs: {} programmatic kernel-to-kernel edges and {} L2 prefetch nodes in the latest recording; WEFT_CUDA_PDL={})", st.programmatic_edges, st.prefetch_nodes, be.pdl() as u8);
+    println!("(step graphs: {} programmatic kernel-to-kernel edges in the latest recording; WEFT_CUDA_PDL={})", st.programmatic_edges, be.pdl() as u8);
     if let Some(e) = st.last_failure {
         println!("(a step graph failed to record: {e})");
     }

@@ -81,15 +81,6 @@ pub(crate) struct Recording {
     /// Cached uploads and expert pointer tables the recorded ops read.
     pub keep: Vec<Arc<CudaSlice<u32>>>,
     pub keep_tables: Vec<Arc<crate::moe::ExpertTables>>,
-    /// L2 prefetch nodes added beside the chain (`l2_prefetch.rs`).
-    pub prefetch_nodes: usize,
-}
-
-impl Recording {
-    /// Tokens of the step being recorded.
-    pub fn tokens(&self) -> usize {
-        self.host[StepArray::Ids as usize].len()
-    }
 }
 
 struct Recorded {
@@ -111,8 +102,6 @@ pub struct GraphStats {
     pub programmatic_edges: usize,
     /// Memory nodes in the latest recording (none when every op allocated from the arena).
     pub memory_nodes: usize,
-    /// L2 prefetch nodes beside the chain in the latest recording (`l2_prefetch.rs`).
-    pub prefetch_nodes: usize,
     /// Why the latest failed recording failed.
     pub last_failure: Option<String>,
 }
@@ -262,7 +251,7 @@ impl CudaBackend {
         self.write_inputs(g, &host)?;
         let dev_inputs = g.inputs.as_ref().expect("written above").0.clone();
         let mut out = unsafe { self.stream.alloc::<f32>(out_len.max(1)) }.map_err(dev)?;
-        *self.recording.lock().unwrap() = Some(Recording { ctx_bucket: shape.ctx_bucket, host, dev: dev_inputs, keep: Vec::new(), keep_tables: Vec::new(), prefetch_nodes: 0 });
+        *self.recording.lock().unwrap() = Some(Recording { ctx_bucket: shape.ctx_bucket, host, dev: dev_inputs, keep: Vec::new(), keep_tables: Vec::new() });
         let recorded = self.begin_capture().and_then(|()| {
             let result = run(pool).and_then(|h| {
                 if h.len() != out_len {
@@ -275,7 +264,6 @@ impl CudaBackend {
         });
         let rec = self.recording.lock().unwrap().take();
         let graph = recorded?;
-        g.stats.prefetch_nodes = rec.as_ref().map_or(0, |r| r.prefetch_nodes);
         let keep = rec.map(|r| (r.keep, r.keep_tables)).unwrap_or_default();
         graph.launch().map_err(dev)?;
         let result = self.stream.clone_dtod(&out).map_err(dev)?;

@@ -34,8 +34,6 @@ mod gemv;
 mod gqa;
 mod graphs;
 mod halves;
-#[cfg(feature = "cuda")]
-mod l2_prefetch;
 mod mla;
 pub use mla::{MmgSpec, MMG_KERNELS};
 #[cfg(any(feature = "cuda", feature = "hip-mock"))]
@@ -129,7 +127,6 @@ pub const KERNELS: &[&str] = &[
     "mla_k_split",
     "mla_softmax_split",
     "scatter_rows",
-    "l2_prefetch",
     "silu_mul",
     "split_rope_q",
     "store_kv",
@@ -507,9 +504,6 @@ pub struct CudaBackend {
     graphs: Mutex<graphs::StepGraphs>,
     /// The step being recorded, while one is.
     recording: Mutex<Option<graphs::Recording>>,
-    /// Weights hinted as read next, towards L2 beside a recorded step (`l2_prefetch.rs`).
-    #[cfg(feature = "cuda")]
-    l2: l2_prefetch::L2Prefetch,
 }
 
 fn dev(e: impl std::fmt::Debug) -> BackendError {
@@ -702,8 +696,6 @@ impl CudaBackend {
 
         #[cfg(feature = "cuda")]
         keep_pool_memory(&ctx);
-        #[cfg(feature = "cuda")]
-        l2_prefetch::set_persisting_limit(&ctx)?;
         let blas = std::panic::catch_unwind(|| CudaBlas::new(stream.clone())).map_err(|_| unavailable("cuBLAS could not be loaded".into()))?.map_err(dev)?;
         // A workspace of cuBLAS's own would be allocated inside every recorded GEMM (a memory
         // node in the step graph, which keeps the graph's edges from being made programmatic).
@@ -793,8 +785,6 @@ impl CudaBackend {
             step_precision: precision::StepPrecision::default(),
             graphs: Mutex::new(graphs::StepGraphs::from_env()),
             recording: Mutex::new(None),
-            #[cfg(feature = "cuda")]
-            l2: l2_prefetch::L2Prefetch::from_env(),
         })
     }
 

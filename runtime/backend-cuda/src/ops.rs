@@ -448,11 +448,6 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
-    #[cfg(feature = "cuda")]
-    fn prefetch_weights(&self, ws: &[&CudaMatrix]) -> Result<()> {
-        self.prefetch_into_l2(ws)
-    }
-
     fn linear_pair(&self, x: &CudaSlice<f32>, a: &CudaMatrix, b: &CudaMatrix) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
         let m = check_rows("linear", self.len(x), a.cols)?;
         if self.gemv_pair_fits(a, b, m) {

@@ -293,13 +293,6 @@ pub trait Backend: Send + Sync + 'static {
     fn linear_pair(&self, x: &Self::Buf, a: &Self::Matrix, b: &Self::Matrix) -> Result<(Self::Buf, Self::Buf)> {
         Ok((self.linear(x, a)?, self.linear(x, b)?))
     }
-    /// A hint that the weights `ws` (in the order given) are read soon after the ops that
-    /// follow: a backend may move them towards its caches alongside those ops. Changes no
-    /// result and no buffer; the default does nothing (the CUDA backend, while recording a step
-    /// graph, puts an L2 prefetch beside the step's chain).
-    fn prefetch_weights(&self, _ws: &[&Self::Matrix]) -> Result<()> {
-        Ok(())
-    }
     /// `add_rms_norm(residual, linear(x, w))`: a block's output projection added into the
     /// residual stream and normed (a layer's attention output), in fewer passes where a backend
     /// can.

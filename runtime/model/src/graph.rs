@@ -252,23 +252,7 @@ impl<B: Backend> DeepseekV3<B> {
             }
         };
         let (q_nope, q_pe) = be.mla_rope_q_store_kv(&q, heads, c.qk_nope_head_dim, c.qk_rope_head_dim, pool, layer, &kv_a, &a.kv_a_layernorm, eps, batch.positions, batch.slots, &self.rope)?;
-        // What the attention reads from here on is small (the heads' absorbed weights, the
-        // latent cache): the weights after it, in the order they are read, can be on their way.
-        be.prefetch_weights(&Self::weights_after_attention(lw))?;
         be.mla_attention_heads(pool, layer, &q_nope, &q_pe, &a.w_uk_t, &a.w_uv, heads, batch.attn, self.scale)
-    }
-
-    /// The weights a layer reads after its attention heads, in that order: `o_proj`, then the
-    /// feed-forward's weights every token takes (the dense MLP's, or the shared experts').
-    fn weights_after_attention(lw: &LayerWeights<B>) -> Vec<&B::Matrix> {
-        let mut ws = vec![&lw.attn.o_proj];
-        let every_token: &[weft_backend::ExpertWeights<B::Matrix>] = match &lw.ffn {
-            FeedForward::Dense(w) => std::slice::from_ref(w),
-            FeedForward::Moe(m) => &m.shared,
-        };
-        ws.extend(every_token.iter().map(|w| &w.gate_up));
-        ws.extend(every_token.iter().map(|w| &w.down));
-        ws
     }
 
     /// The attention heads' output `o` through `o_proj` (summed over the tensor-parallel
