@@ -193,5 +193,7 @@ __device__ __forceinline__ void cp_async_wait() {}
 #endif
 
 // At most this many bytes per block are prefetched (a block streams its rows once; more would
-// only evict the activations from L2).
+// only evict the activations from L2). A kernel variant may set it (round 28 compares).
+#ifndef WEFT_PREFETCH_MAX
 #define WEFT_PREFETCH_MAX (64u * 1024u)
+#endif

@@ -7,7 +7,10 @@
 # same binary. PART (space-separated): tests — the step-graph test (prefetch nodes present,
 # replays equal to op-by-op steps) and the golden fixtures; e2e — Moonlight (BATCH × CTX) and,
 # for the KIMI_SETS, the Kimi-K2 slice end to end over a bf16 cache, the SETS (commas become
-# spaces) alternated ROUNDS times, each run timed. Output: $OUT/round28.md.
+# spaces) alternated ROUNDS times, each run timed; own — on any build after 5dea962's revert,
+# the weight-streaming kernels' own L2 prefetch before their wait (up to WEFT_PREFETCH_MAX bytes
+# a block, 64 KB) against none (WEFT_NO_PREFETCH) and 16 / 256 KB, same binary, OWN_SETS
+# alternated ROUNDS times. Output: $OUT/round28.md.
 set -uo pipefail
 export OUT=${OUT:-.device/out}; mkdir -p "$OUT"
 R="$OUT/round28.md"
@@ -30,6 +33,18 @@ fi
     if [[ $r == 1 && $KIMI_SETS == *" $s "* ]]; then
       echo "== kimi-k2 slice bf16 cache ($s, round $r)" | tee -a "$R"
       env ${s//,/ } timeout 100 .device/roofline models/dummy/kimi-k2-slice --dummy --batch 1,64 --ctx 1024 --prefill 16 --steps 4 --kv-cache-dtype bf16 2>&1 | grep -E "^\| [0-9]|panicked|rror|step graphs" | tee -a "$R"
+    fi
+    echo "(took $(( $(date +%s) - t0 )) s)" | tee -a "$R"
+  done
+done
+[[ $P == *" own "* ]] && for r in $(seq 1 ${ROUNDS:-2}); do
+  for s in ${OWN_SETS:-WEFT_X=1 WEFT_CUDA_KERNEL_DEFINES=WEFT_NO_PREFETCH WEFT_CUDA_KERNEL_DEFINES=WEFT_PREFETCH_MAX=16384u WEFT_CUDA_KERNEL_DEFINES=WEFT_PREFETCH_MAX=262144u}; do
+    t0=$(date +%s)
+    echo "== moonlight bf16 cache ($s, round $r)" | tee -a "$R"
+    env $s timeout 150 .device/roofline models/dummy/moonlight-16b-a3b --dummy --batch ${BATCH:-1,8,64} --ctx ${CTX:-1024} --prefill 16 --steps 4 --kv-cache-dtype bf16 2>&1 | grep -E "^\| [0-9]|panicked|rror" | tee -a "$R"
+    if [[ $r == 1 ]]; then
+      echo "== kimi-k2 slice bf16 cache ($s, round $r)" | tee -a "$R"
+      env $s timeout 100 .device/roofline models/dummy/kimi-k2-slice --dummy --batch 1,64 --ctx 1024 --prefill 16 --steps 4 --kv-cache-dtype bf16 2>&1 | grep -E "^\| [0-9]|panicked|rror" | tee -a "$R"
     fi
     echo "(took $(( $(date +%s) - t0 )) s)" | tee -a "$R"
   done
