@@ -158,11 +158,36 @@ __device__ __forceinline__ u32 f32_to_fp8(float x) {
 // Variants for comparisons (WEFT_CUDA_KERNEL_DEFINES): WEFT_PDL_EARLY triggers the next grid
 // as soon as every block of this one has started (measured slower: the waiting blocks take
 // SM slots); WEFT_NO_PREFETCH drops the weight prefetch.
+//
+// WEFT_TRACE (a kernel variant, for measurements: src/trace.rs): past the wait, thread 0 of every
+// block appends (FNV-1a hash of the enclosing function's name, block, %globaltimer) to a device
+// buffer. In a chain of kernels each grid passes its wait only once the one before has finished,
+// so the first block past it marks where the kernel joined the critical path.
+#if defined(WEFT_TRACE) && !defined(WEFT_NO_PTX) && defined(__CUDA_ARCH__)
+#define WEFT_TRACE_CAP (1u << 18)
+__device__ unsigned long long weft_trace_n;
+__device__ unsigned long long weft_trace_buf[2 * WEFT_TRACE_CAP];
+__device__ __forceinline__ void weft_trace(const char* f) {
+    if (threadIdx.x | threadIdx.y | threadIdx.z) return;
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    u32 h = 2166136261u;
+    for (; *f; ++f) h = (h ^ (unsigned char)*f) * 16777619u;
+    const unsigned long long i = atomicAdd(&weft_trace_n, 1ull);
+    if (i < WEFT_TRACE_CAP) {
+        weft_trace_buf[2 * i] = (unsigned long long)h << 32 | (blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+        weft_trace_buf[2 * i + 1] = t;
+    }
+}
+#define WEFT_TRACE_HERE() weft_trace(__func__)
+#else
+#define WEFT_TRACE_HERE() ((void)0)
+#endif
 #if !defined(WEFT_NO_PTX) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #ifdef WEFT_PDL_EARLY
-#define WEFT_PDL_ENTRY() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#define WEFT_PDL_ENTRY() do { asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory"); WEFT_TRACE_HERE(); } while (0)
 #else
-#define WEFT_PDL_ENTRY() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define WEFT_PDL_ENTRY() do { asm volatile("griddepcontrol.wait;" ::: "memory"); WEFT_TRACE_HERE(); } while (0)
 #endif
 // `bytes` from `p` (both multiples of 16) towards L2, by the calling thread, without waiting.
 __device__ __forceinline__ void weft_prefetch_l2(const void* p, u32 bytes) {
@@ -171,7 +196,7 @@ __device__ __forceinline__ void weft_prefetch_l2(const void* p, u32 bytes) {
 #endif
 }
 #else
-#define WEFT_PDL_ENTRY() ((void)0)
+#define WEFT_PDL_ENTRY() WEFT_TRACE_HERE()
 __device__ __forceinline__ void weft_prefetch_l2(const void*, u32) {}
 #endif
 // cp.async: 16 bytes from global to shared memory without passing through registers (`bytes`

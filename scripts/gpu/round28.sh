@@ -10,7 +10,9 @@
 # spaces) alternated ROUNDS times, each run timed; own — on any build after 5dea962's revert,
 # the weight-streaming kernels' own L2 prefetch before their wait (up to WEFT_PREFETCH_MAX bytes
 # a block, 64 KB) against none (WEFT_NO_PREFETCH) and 16 / 256 KB, same binary, OWN_SETS
-# alternated ROUNDS times. Output: $OUT/round28.md.
+# alternated ROUNDS times; trace — the kernel trace (WEFT_TRACE, `roofline --trace`) of a
+# replayed step, Moonlight at batch 1 and 64 and the Kimi-K2 slice at batch 1. Output:
+# $OUT/round28.md.
 set -uo pipefail
 export OUT=${OUT:-.device/out}; mkdir -p "$OUT"
 R="$OUT/round28.md"
@@ -49,4 +51,10 @@ done
     echo "(took $(( $(date +%s) - t0 )) s)" | tee -a "$R"
   done
 done
+[[ $P == *" trace "* ]] && {
+  echo "== moonlight bf16 cache, traced (WEFT_TRACE)" | tee -a "$R"
+  WEFT_CUDA_KERNEL_DEFINES=WEFT_TRACE timeout 150 .device/roofline models/dummy/moonlight-16b-a3b --dummy --batch ${BATCH:-1,64} --ctx 1024 --prefill 16 --steps 4 --kv-cache-dtype bf16 --trace 2>&1 | grep -E "^\| |^\(trace|^\(grids|panicked|rror" | tee -a "$R"
+  echo "== kimi-k2 slice bf16 cache, traced (WEFT_TRACE)" | tee -a "$R"
+  WEFT_CUDA_KERNEL_DEFINES=WEFT_TRACE timeout 100 .device/roofline models/dummy/kimi-k2-slice --dummy --batch 1 --ctx 1024 --prefill 16 --steps 4 --kv-cache-dtype bf16 --trace 2>&1 | grep -E "^\| |^\(trace|^\(grids|panicked|rror" | tee -a "$R"
+}
 true

@@ -23,7 +23,12 @@
 //! and lm_head), and a table of NCCL all-reduce times at each batch's size comes first: per
 //! call and per step (two all-reduces a layer).
 //!
-//! `roofline DIR --dummy [--batch 1,8,32,64] [--ctx 1024,4096] [--prefill 1024,1024x4] [--steps 8] [--kv-cache-dtype f32|bf16] [--tensor-parallel N [--expert-parallel] [--allreduce-only]]`
+//! With kernels compiled with `WEFT_CUDA_KERNEL_DEFINES=WEFT_TRACE` and `--trace`, one more
+//! replayed step of each batch × context is traced (`weft_cuda::trace`): for each kernel, the
+//! time from its first block past the wait to the next kernel's — what it adds to the step's
+//! chain — summed by kernel, and one stretch of the chain in order.
+//!
+//! `roofline DIR --dummy [--batch 1,8,32,64] [--ctx 1024,4096] [--prefill 1024,1024x4] [--steps 8] [--kv-cache-dtype f32|bf16] [--tensor-parallel N [--expert-parallel] [--allreduce-only]] [--trace]`
 
 use std::path::PathBuf;
 use std::sync::{Arc, Barrier};
@@ -288,6 +293,8 @@ fn main() {
     if tp > 1 {
         println!("(tensor-parallel: bytes and % of copy BW are rank 0's — one GPU's; out tok/s is the group's)");
     }
+    let trace = args.iter().any(|a| a == "--trace") && be.trace_on();
+    let mut traces = vec![];
     for &ctx in &ctxs {
         for &b in &batches {
             if need(b, ctx) > max_pages {
@@ -342,6 +349,13 @@ fn main() {
             let (step, _, dl, fe) = measure(true, 2 + steps);
             let after = be.graph_stats();
             let recorded = after.replayed >= before.replayed + steps as u64;
+            if trace && recorded {
+                // The last measured step's positions again: a replay, its KV slots rewritten.
+                be.trace_reset().unwrap();
+                run_step(2 * steps + 3, false);
+                let names = weft_cuda::trace::names_by_hash(weft_cuda::KERNEL_SOURCE);
+                traces.push((b, ctx, weft_cuda::trace::launches(be.trace_take().unwrap(), &names)));
+            }
             let bytes = step_bytes_rank(c, b, ctx, kv, tp);
             println!(
                 "| {b} | {ctx} | {:.3}{} | {:.0} | {:.2} | {:.0} | {:.1} % | {:.3} | {:.3} | {:.2} | {:.2} |",
@@ -365,6 +379,9 @@ fn main() {
         }
     }
 
+    for (b, ctx, grids) in &traces {
+        print_trace(*b, *ctx, grids);
+    }
     let st = be.graph_stats();
     println!("(step graphs: {} programmatic kernel-to-kernel edges in the latest recording; WEFT_CUDA_PDL={})", st.programmatic_edges, be.pdl() as u8);
     if let Some(e) = st.last_failure {
@@ -400,4 +417,26 @@ fn main() {
         let label = if prompts == 1 { n.to_string() } else { format!("{n} × {prompts}") };
         println!("| {label} | {:.1} | {:.0} | {:.1} | {:.1} % | {:.1} |", best * 1e3, (n * prompts) as f64 / best, flops / best / 1e12, 100.0 * flops / best / gemm_rate, enqueue * 1e3);
     }
+}
+
+/// A traced step: time on the chain by kernel, then the middle 28 grids in order.
+fn print_trace(b: usize, ctx: usize, grids: &[weft_cuda::trace::TracedLaunch]) {
+    let total: u64 = grids.iter().map(|g| g.critical_ns).sum();
+    println!();
+    println!("(trace, batch {b} × {ctx}: {} grids, {:.1} µs from the first past its wait to the last)", grids.len(), total as f64 / 1e3);
+    println!("| function past the wait | grids | blocks a grid | µs on the chain a grid | µs a step | share |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    let mut by: std::collections::HashMap<&str, (usize, usize, u64)> = std::collections::HashMap::new();
+    for g in grids {
+        let e = by.entry(g.name.as_str()).or_default();
+        *e = (e.0 + 1, e.1 + g.blocks, e.2 + g.critical_ns);
+    }
+    let mut rows: Vec<_> = by.into_iter().collect();
+    rows.sort_by_key(|r| std::cmp::Reverse(r.1 .2));
+    for (name, (n, blocks, ns)) in rows {
+        println!("| {name} | {n} | {:.0} | {:.2} | {:.1} | {:.1} % |", blocks as f64 / n as f64, ns as f64 / n as f64 / 1e3, ns as f64 / 1e3, 100.0 * ns as f64 / total.max(1) as f64);
+    }
+    let mid = grids.len().saturating_sub(28) / 2;
+    let chain: Vec<String> = grids[mid..(mid + 28).min(grids.len())].iter().map(|g| format!("{} {:.1}", g.name, g.critical_ns as f64 / 1e3)).collect();
+    println!("(grids {mid}.. in order, µs on the chain: {})", chain.join(", "));
 }

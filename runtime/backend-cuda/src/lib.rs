@@ -47,6 +47,8 @@ mod ops;
 mod pdl;
 mod precision;
 mod sample;
+#[cfg(feature = "cuda")]
+pub mod trace;
 mod uploads;
 
 use cudarc::cublas::CudaBlas;
