@@ -293,7 +293,7 @@ fn main() {
     if tp > 1 {
         println!("(tensor-parallel: bytes and % of copy BW are rank 0's — one GPU's; out tok/s is the group's)");
     }
-    let trace = args.iter().any(|a| a == "--trace") && be.trace_on();
+    let trace = (args.iter().any(|a| a == "--trace") && be.trace_on()).then(|| weft_cuda::trace::names_by_hash(weft_cuda::KERNEL_SOURCE));
     let mut traces = vec![];
     for &ctx in &ctxs {
         for &b in &batches {
@@ -349,12 +349,11 @@ fn main() {
             let (step, _, dl, fe) = measure(true, 2 + steps);
             let after = be.graph_stats();
             let recorded = after.replayed >= before.replayed + steps as u64;
-            if trace && recorded {
+            if let Some(names) = trace.as_ref().filter(|_| recorded) {
                 // The last measured step's positions again: a replay, its KV slots rewritten.
                 be.trace_reset().unwrap();
                 run_step(2 * steps + 3, false);
-                let names = weft_cuda::trace::names_by_hash(weft_cuda::KERNEL_SOURCE);
-                traces.push((b, ctx, weft_cuda::trace::launches(be.trace_take().unwrap(), &names)));
+                traces.push((b, ctx, weft_cuda::trace::launches(be.trace_take().unwrap(), names)));
             }
             let bytes = step_bytes_rank(c, b, ctx, kv, tp);
             println!(

@@ -695,7 +695,6 @@ impl CudaBackend {
         let stream = ctx.new_stream().map_err(dev)?;
         let moe_counter = stream.alloc_zeros::<u32>(1).map_err(dev)?;
         let mla_sem = stream.alloc_zeros::<u32>(2 * num_sms).map_err(dev)?;
-
         #[cfg(feature = "cuda")]
         keep_pool_memory(&ctx);
         let blas = std::panic::catch_unwind(|| CudaBlas::new(stream.clone())).map_err(|_| unavailable("cuBLAS could not be loaded".into()))?.map_err(dev)?;

@@ -116,8 +116,8 @@ impl CudaBackend {
         let mut count = [0u8; 8];
         self.stream.memcpy_dtoh(&n, &mut count).map_err(dev)?;
         let count = (u64::from_le_bytes(count) as usize).min(CAP);
-        let mut raw = vec![0u8; buf.len()];
-        self.stream.memcpy_dtoh(&buf, &mut raw).map_err(dev)?;
+        let mut raw = vec![0u8; 16 * count];
+        self.stream.memcpy_dtoh(&buf.slice(..raw.len()), &mut raw).map_err(dev)?;
         let word = |i: usize| u64::from_le_bytes(raw[8 * i..8 * i + 8].try_into().expect("8 bytes"));
         Ok((0..count).map(|i| TraceRecord { hash: (word(2 * i) >> 32) as u32, block: word(2 * i) as u32, t_ns: word(2 * i + 1) }).collect())
     }
