@@ -104,6 +104,29 @@ __device__ __forceinline__ void prefetch_rows(WeightRef W, u32 r0, u32 n, u32 ro
     if (bytes % 16 == 0 && ((u64)p) % 16 == 0) weft_prefetch_l2(p, (u32)min(bytes, (u64)WEFT_PREFETCH_MAX));
 }
 
+// The calling sub-group's rows r0.. (R of them, clipped to `rows`) times the m activation rows
+// `xstride` apart from `xg`, into out[i, r] (rows `rows` wide).
+template <int KIND, int R, int T>
+__device__ __forceinline__ void gemv_rows(WeightRef W, const float* xg, u32 xstride, float* out, u32 m, u32 rows, u32 cols, u32 r0) {
+    const u32 nr = min((u32)R, rows - r0);
+    u32 rix[R];
+#pragma unroll
+    for (int q = 0; q < R; q++) rix[q] = r0 + q;
+    for (u32 t0 = 0; t0 < m; t0 += T) {
+        u32 idx[T];
+#pragma unroll
+        for (int t = 0; t < T; t++) idx[t] = t0 + t;
+        float acc[R][T];
+        const u32 nt = min((u32)T, m - t0);
+        rows_dot<KIND, R, T>(W, rix, nr, cols, xg, xstride, idx, nt, acc);
+        if (threadIdx.x % WEFT_WARP == 0)
+            for (u32 t = 0; t < nt; t++)
+#pragma unroll
+                for (int q = 0; q < R; q++)
+                    if (q < (int)nr) out[(i64)(t0 + t) * rows + r0 + q] = acc[q][t];
+    }
+}
+
 // out[i, r] = W[r, :] · x[i, g(r)] for i < m; rows are grouped `group_rows` per group (heads of
 // a per-head linear), group g reads columns g*cols.. of x rows `xstride` wide. Each sub-group
 // takes R consecutive rows of one group (the host picks R dividing group_rows). Blocks from b0
@@ -118,24 +141,7 @@ __device__ void gemv_body(WeightRef W, const float* x, float* out, u32 m, u32 ro
     WEFT_PDL_ENTRY();
     u32 r0 = (b * warps + threadIdx.x / WEFT_WARP) * R;
     if (r0 >= rows) return;
-    u32 nr = min((u32)R, rows - r0);
-    u32 rix[R];
-#pragma unroll
-    for (int q = 0; q < R; q++) rix[q] = r0 + q;
-    const float* xg = x + (i64)(r0 / group_rows) * cols;
-    for (u32 t0 = 0; t0 < m; t0 += T) {
-        u32 idx[T];
-#pragma unroll
-        for (int t = 0; t < T; t++) idx[t] = t0 + t;
-        float acc[R][T];
-        u32 nt = min((u32)T, m - t0);
-        rows_dot<KIND, R, T>(W, rix, nr, cols, xg, xstride, idx, nt, acc);
-        if (threadIdx.x % WEFT_WARP == 0)
-            for (u32 t = 0; t < nt; t++)
-#pragma unroll
-                for (int q = 0; q < R; q++)
-                    if (q < (int)nr) out[(i64)(t0 + t) * rows + r0 + q] = acc[q][t];
-    }
+    gemv_rows<KIND, R, T>(W, x + (i64)(r0 / group_rows) * cols, xstride, out, m, rows, cols, r0);
 }
 
 #define GEMV_ENTRY(R, T)                                                                                                \

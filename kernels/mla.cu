@@ -214,6 +214,67 @@ extern "C" __global__ void mla_combine(const float* o_part, const float* ml_part
     }
 }
 
+// W_UV (per head: `group_rows` rows of the latent's `cols` columns) on the merge of the context
+// splits, in one launch: out[i, r] = W[r, :] · merged[i, head(r), :] for i < m, the merged
+// latent being mla_combine's (the same weights, sums and bits) of `nsplit` partials. Every block
+// lies within one head (the host sizes blocks so: group_rows a multiple of sub-groups · R),
+// merges that head's latent for the m rows into shared memory (dynamic: m · cols floats,
+// blockDim.x of reduction scratch, nsplit weights) and multiplies its rows by it as gemv_body
+// does. One dependent step fewer than mla_combine and then the GEMV, for a few decoding rows;
+// each block re-reads its head's partials (from L2), so the host takes it while they are few.
+template <int KIND, int R, int T>
+__device__ void mla_uv_merge_body(WeightRef W, const float* o_part, const float* ml_part, float* out, u32 m, u32 rows, u32 cols, u32 group_rows, u32 nsplit) {
+    WEFT_DYNAMIC_SHARED(float, smem);
+    float* xs = smem;
+    float* red = smem + (i64)m * cols;
+    float* wsh = red + blockDim.x;
+    const u32 warps = blockDim.x / WEFT_WARP;
+    const u32 b0 = blockIdx.x * warps * R;
+    if (threadIdx.x == 0) prefetch_rows<KIND>(W, b0, warps * R, rows, cols);
+    WEFT_PDL_ENTRY();
+    const u32 heads = rows / group_rows, g = b0 / group_rows;
+    for (u32 t = 0; t < m; t++) {
+        const i64 rh = (i64)t * heads + g;
+        const float* ml = ml_part + rh * nsplit * 2;
+        float mx = -WEFT_INF;
+        for (u32 s = threadIdx.x; s < nsplit; s += blockDim.x) mx = fmaxf(mx, ml[2 * s]);
+        const float M = block_max(mx, red);
+        float l = 0.f;
+        for (u32 s = threadIdx.x; s < nsplit; s += blockDim.x) {
+            const float e = mla_split_weight(ml[2 * s], M);
+            wsh[s] = e;
+            l += e * ml[2 * s + 1];
+        }
+        const float L = block_sum(l, red);
+        const float* o = o_part + rh * nsplit * cols;
+        for (u32 d = threadIdx.x; d < cols; d += blockDim.x) {
+            float a = 0.f;
+#pragma unroll 16
+            for (u32 s = 0; s < nsplit; s++) a += wsh[s] * o[(i64)s * cols + d];
+            xs[(i64)t * cols + d] = a / L;
+        }
+        __syncthreads();
+    }
+    const u32 r0 = b0 + threadIdx.x / WEFT_WARP * R;
+    if (r0 < rows) gemv_rows<KIND, R, T>(W, xs, cols, out, m, rows, cols, r0);
+}
+
+#define MLA_UV_ENTRY(R, T)                                                                                              \
+    extern "C" __global__ void mla_uv_merge_bf16_r##R##_t##T(const u16* w, const float* o_part, const float* ml_part, float* out, u32 m, u32 rows, u32 cols, u32 group_rows, u32 nsplit) { \
+        WeightRef W = {w, 0, 0, 1, 1};                                                                                  \
+        mla_uv_merge_body<WK_BF16, R, T>(W, o_part, ml_part, out, m, rows, cols, group_rows, nsplit);                    \
+    }                                                                                                                   \
+    extern "C" __global__ void mla_uv_merge_fp8_r##R##_t##T(const unsigned char* w, const float* sc, u32 sc_cols, u32 br, u32 bc, const float* o_part, const float* ml_part, float* out, u32 m, u32 rows, u32 cols, u32 group_rows, u32 nsplit) { \
+        WeightRef W = {w, sc, sc_cols, br, bc};                                                                         \
+        mla_uv_merge_body<WK_FP8, R, T>(W, o_part, ml_part, out, m, rows, cols, group_rows, nsplit);                     \
+    }
+MLA_UV_ENTRY(1, 1)
+MLA_UV_ENTRY(2, 1)
+MLA_UV_ENTRY(4, 1)
+MLA_UV_ENTRY(1, 8)
+MLA_UV_ENTRY(2, 8)
+MLA_UV_ENTRY(4, 8)
+
 // MLA attention of a long run of one sequence's query rows (a prefill chunk) through cuBLAS
 // (src/mla_prefill.rs): the run's cached context and queries go in as two bf16 parts (rounding
 // and the rounding's error, as cast_f32_bf16_split), scores and values as three bf16 products

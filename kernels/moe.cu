@@ -10,16 +10,32 @@
 // (v, i) beats (w, j) when larger, ties to the lower index (the CPU reference's order).
 __device__ __forceinline__ bool beats(float v, int i, float w, int j) { return v > w || (v == w && i < j); }
 
-// Block blockIdx.x routes its token: ids[t*(K+S) + j], w[t*(K+S) + j] for the K selected
+// Whether the calling block is the last of `n` to get here, counted in the device-wide
+// `counter` (the last one resets it when done); its writes before the call are visible to that
+// block, and after it that block sees the others' (read what they wrote past L1).
+__device__ __forceinline__ bool last_block_of(u32* counter, u32 n) {
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == n - 1;
+    __syncthreads();
+    const bool is_last = last;
+    if (is_last) __threadfence();
+    return is_last;
+}
+
+// The block routes token `tok`: ids[t*(K+S) + j], w[t*(K+S) + j] for the K selected
 // experts, then the S shared-expert slots every token takes with weight 1 (ids E..E+S: the
 // shared experts' intermediate chunks, run with the routed ones; S = 0 when they run apart).
-__device__ void route_token(const float* logits, const float* bias, u32 E, u32 K, u32 S, u32 n_group, u32 topk_group, int norm, float scaling, u32* ids, float* wts) {
+// The logits are read past L1 (`moe_router_route_plan`'s were written by other blocks of its
+// launch). A block routing several tokens in turn puts a barrier between them.
+__device__ void route_token(const volatile float* logits, const float* bias, u32 E, u32 K, u32 S, u32 n_group, u32 topk_group, int norm, float scaling, u32* ids, float* wts, u32 tok) {
     __shared__ float score[MOE_MAX_EXPERTS], choice[MOE_MAX_EXPERTS];
     __shared__ unsigned char taken[MOE_MAX_EXPERTS];
     __shared__ float gscore[MOE_MAX_GROUPS];
     __shared__ unsigned char gtaken[MOE_MAX_GROUPS];
     __shared__ int sel[64];
-    const float* l = logits + (i64)blockIdx.x * E;
+    const volatile float* l = logits + (i64)tok * E;
     for (u32 e = threadIdx.x; e < E; e += blockDim.x) {
         float s = 1.0f / (1.0f + expf(-l[e]));
         score[e] = s;
@@ -83,7 +99,7 @@ __device__ void route_token(const float* logits, const float* bias, u32 E, u32 K
         float d = 0.f;
         for (u32 j = 0; j < K; j++) d += score[sel[j]];
         d += 1e-20f;
-        const i64 row = (i64)blockIdx.x * (K + S);
+        const i64 row = (i64)tok * (K + S);
         for (u32 j = 0; j < K; j++) {
             float w = score[sel[j]];
             if (norm) w /= d;
@@ -230,8 +246,7 @@ __device__ void plan_one_token(const u32* ids, u32 n, u32 E, u32 S, u32 first, u
 // (a device-wide counter, reset by that block for the next launch) makes the plan. A single
 // token (one block) plans its own entries at once (`plan_one_token`) without the counter.
 extern "C" __global__ void moe_route_plan(const float* logits, const float* bias, u32 E, u32 K, u32 S, u32 n_group, u32 topk_group, int norm, float scaling, u32* ids, float* wts, u32 first, u32 held, u32 maxa, u32* plan, u32* counter) { WEFT_PDL_ENTRY();
-    __shared__ bool last;
-    route_token(logits, bias, E, K, S, n_group, topk_group, norm, scaling, ids, wts);
+    route_token(logits, bias, E, K, S, n_group, topk_group, norm, scaling, ids, wts, blockIdx.x);
 #ifndef WEFT_ROUTE_PLAN_COUNTER
     if (gridDim.x == 1 && K + S <= (u32)MOE_MAX_ONE && K + S <= (u32)blockDim.x) {
         __syncthreads();
@@ -239,14 +254,47 @@ extern "C" __global__ void moe_route_plan(const float* logits, const float* bias
         return;
     }
 #endif
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!last_block_of(counter, gridDim.x)) return;
     plan_experts(ids, gridDim.x * (K + S), E, S, first, held, maxa, plan);
     if (threadIdx.x == 0) *counter = 0u;
+}
+
+// The router's product and the routing in one launch, for a few decoding tokens: sub-group r
+// of the grid takes router row r (f32, `hidden` wide) against each of the m tokens of x —
+// rows_dot as in gemv_f32, so the logits are those of `linear` — into `logits [m, E]`; the
+// last block to finish (`counter`, reset by it) routes the tokens in turn and plans, as
+// moe_route_plan does. One dependent step a layer fewer than the router's GEMV and then the
+// routing; the last block's serial routing limits it to a few tokens (moe.rs).
+extern "C" __global__ void moe_router_route_plan(const float* wr, const float* x, u32 m, u32 hidden, float* logits, const float* bias, u32 E, u32 K, u32 S, u32 n_group, u32 topk_group, int norm, float scaling, u32* ids, float* wts, u32 first, u32 held, u32 maxa, u32* plan, u32* counter) {
+    const u32 warps = blockDim.x / WEFT_WARP;
+    const u32 r = blockIdx.x * warps + threadIdx.x / WEFT_WARP;
+    WeightRef W = {wr, 0, 0, 1, 1};
+    if (threadIdx.x == 0) prefetch_rows<WK_F32>(W, blockIdx.x * warps, warps, E, hidden);
+    WEFT_PDL_ENTRY();
+    if (r < E) {
+        u32 rix[1] = {r};
+        for (u32 t0 = 0; t0 < m; t0 += GEMV_TB) {
+            u32 idx[GEMV_TB];
+#pragma unroll
+            for (int t = 0; t < GEMV_TB; t++) idx[t] = t0 + t;
+            float acc[1][GEMV_TB];
+            const u32 nt = min((u32)GEMV_TB, m - t0);
+            rows_dot<WK_F32, 1, GEMV_TB>(W, rix, 1, hidden, x, hidden, idx, nt, acc);
+            if (threadIdx.x % WEFT_WARP == 0)
+                for (u32 t = 0; t < nt; t++) logits[(i64)(t0 + t) * E + r] = acc[0][t];
+        }
+    }
+    if (!last_block_of(counter, gridDim.x)) return;
+    for (u32 t = 0; t < m; t++) {
+        route_token(logits, bias, E, K, S, n_group, topk_group, norm, scaling, ids, wts, t);
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *counter = 0u;
+    if (m == 1 && K + S <= (u32)MOE_MAX_ONE && K + S <= (u32)blockDim.x) {
+        plan_one_token(ids, K + S, E, S, first, held, maxa, plan);
+        return;
+    }
+    plan_experts(ids, m * (K + S), E, S, first, held, maxa, plan);
 }
 
 // Per-expert weight pointers (device arrays indexed by expert id).
@@ -401,6 +449,41 @@ extern "C" __global__ void moe_combine(const float* __restrict__ y, const float*
     if (d >= hidden) return;
     if (per == 4) combine_dims<4>(y, wts, ids, E, S, first, held, add, has_add, out, k, hidden, t, d);
     else combine_dims<1>(y, wts, ids, E, S, first, held, add, has_add, out, k, hidden, t, d);
+}
+
+// A single decoding token's experts' down products (moe_down_body, one entry an expert) and
+// their combine in one launch: the grid is maxa blocks (one an active expert) for each tile of
+// rows; past its rows' products a block counts itself in `sem[tile]`, and the last of the
+// tile's blocks sums the tile's rows of every token's slots as moe_combine does (the same
+// order and bits; y read past L1, written by the other blocks of the launch), then resets the
+// counter. One dependent step a layer fewer than the down products and then moe_combine.
+template <int FP8>
+__device__ void moe_down_combine_body(ExpertTable T, const u32* plan, u32 maxa, const float* h, float* y, u32 hidden, u32 inter, const float* wts, const u32* ids, u32 E, u32 S, u32 first, u32 held, const float* add, int has_add, float* out, u32 m, u32 k, u32* sem) {
+    moe_down_body<FP8, 1>(T, plan, maxa, h, y, hidden, inter);
+    const u32 warps = blockDim.x / WEFT_WARP, rows = warps * MOE_DOWN_ROWS;
+    const u32 tiles = ((hidden + MOE_DOWN_ROWS - 1) / MOE_DOWN_ROWS + warps - 1) / warps;  // moe_down_body's
+    const u32 tile = blockIdx.x % tiles;
+    if (!last_block_of(sem + tile, gridDim.x / tiles)) return;
+    const volatile float* yv = y;
+    for (u32 i = threadIdx.x; i < m * rows; i += blockDim.x) {
+        const i64 t = i / rows;
+        const u32 d = tile * rows + i % rows;
+        if (d >= hidden) continue;
+        float s = 0.f;
+        for (u32 j = 0; j < k; j++)
+            if (local_expert(ids[t * k + j], E, S, first, held) < held + S) s += wts[t * k + j] * yv[(t * k + j) * hidden + d];
+        if (has_add) s += add[t * hidden + d];
+        out[t * hidden + d] = s;
+    }
+    if (threadIdx.x == 0) sem[tile] = 0u;
+}
+extern "C" __global__ void moe_down_combine_bf16_t1(const u64* w, const u32* plan, u32 maxa, const float* h, float* y, u32 hidden, u32 inter, const float* wts, const u32* ids, u32 E, u32 S, u32 first, u32 held, const float* add, int has_add, float* out, u32 m, u32 k, u32* sem) { WEFT_PDL_ENTRY();
+    ExpertTable Tb = {w, w, 0, 1, 1};
+    moe_down_combine_body<0>(Tb, plan, maxa, h, y, hidden, inter, wts, ids, E, S, first, held, add, has_add, out, m, k, sem);
+}
+extern "C" __global__ void moe_down_combine_fp8_t1(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, const float* h, float* y, u32 hidden, u32 inter, const float* wts, const u32* ids, u32 E, u32 S, u32 first, u32 held, const float* add, int has_add, float* out, u32 m, u32 k, u32* sem) { WEFT_PDL_ENTRY();
+    ExpertTable Tb = {w, sc, sc_cols, br, bc};
+    moe_down_combine_body<1>(Tb, plan, maxa, h, y, hidden, inter, wts, ids, E, S, first, held, add, has_add, out, m, k, sem);
 }
 
 // Prefill-sized MoE through grouped cuBLAS GEMMs (src/moe_grouped.rs). A pair p (a token

@@ -173,6 +173,7 @@ pub const KERNELS: &[&str] = &[
     "gemv_f32_t8",
     "dequant_fp8_bf16",
     "moe_route_plan",
+    "moe_router_route_plan",
     "moe_gate_up_bf16_t1",
     "moe_gate_up_fp8_t1",
     "moe_down_bf16_t1",
@@ -216,6 +217,8 @@ pub const KERNELS: &[&str] = &[
     "moe_wg2_down_bf16",
     "moe_wg_split",
     "moe_combine",
+    "moe_down_combine_bf16_t1",
+    "moe_down_combine_fp8_t1",
     "mla_decode",
     "mla_decode_bf16",
     "mla_decode_mma",
@@ -232,6 +235,18 @@ pub const KERNELS: &[&str] = &[
     "mla_decode_wgs_bf16",
     "mla_decode_wgp_bf16",
     "mla_combine",
+    "mla_uv_merge_bf16_r1_t1",
+    "mla_uv_merge_fp8_r1_t1",
+    "mla_uv_merge_bf16_r2_t1",
+    "mla_uv_merge_fp8_r2_t1",
+    "mla_uv_merge_bf16_r4_t1",
+    "mla_uv_merge_fp8_r4_t1",
+    "mla_uv_merge_bf16_r1_t8",
+    "mla_uv_merge_fp8_r1_t8",
+    "mla_uv_merge_bf16_r2_t8",
+    "mla_uv_merge_fp8_r2_t8",
+    "mla_uv_merge_bf16_r4_t8",
+    "mla_uv_merge_fp8_r4_t8",
     "mla_flash_bf16",
     "dummy_bf16",
     "dummy_fp8",
@@ -383,6 +398,11 @@ pub struct CudaBackend {
     /// 4096; 16 (one row × 1024) 2× slower, as a merging thread reads the other splits one
     /// after another (round 27).
     pub mla_merge: usize,
+    /// Decode batches of at most this many rows merge MLA's context splits inside W_UV's launch
+    /// (`mla_uv_merge_*`, mla.cu: each block merges its head's splits, then its rows' GEMV)
+    /// instead of `mla_combine` and then the GEMV (`WEFT_CUDA_MLA_UV_MERGE`, default 1; 0:
+    /// never). Only where W_UV takes the CUDA-core weight-streaming path.
+    pub mla_uv_merge: usize,
     /// Fewest activation rows the dense tensor-core kernels take (2; `WEFT_CUDA_MMA_MIN_M`).
     pub mma_min_m: usize,
     /// Most activation rows the dense tensor-core kernels take for bf16 / fp8 weights
@@ -459,6 +479,15 @@ pub struct CudaBackend {
     /// weight-streaming launch that spreads the routed experts' few tokens each (measured on an
     /// H100, Moonlight: 1.09× faster at batch 1, 1.34× slower at batch 64).
     pub moe_shared_fused: usize,
+    /// Batches of at most this many tokens take the MoE router's product in the routing's own
+    /// launch (`moe_router_route_plan`: a sub-group a router row, the last block to finish
+    /// routing every token in turn and planning) instead of a GEMV before it
+    /// (`WEFT_CUDA_MOE_ROUTER_FUSED`, default 1; 0: never).
+    pub moe_router_fused: usize,
+    /// A single decoding token's expert down products and their combine run in one launch
+    /// (`moe_down_combine_*`: the last block of each tile of rows sums the tile's rows;
+    /// `WEFT_CUDA_MOE_DOWN_COMBINE=0`: the down kernel, then `moe_combine`).
+    pub moe_down_combine: bool,
     /// Two weights on the same rows (`linear_pair`) share one weight-streaming launch where both
     /// take the CUDA-core path (`WEFT_CUDA_GEMV_PAIR=0`: two launches, for comparisons).
     pub gemv_pair: bool,
@@ -495,6 +524,9 @@ pub struct CudaBackend {
     /// are stored and those past the wait; zero between launches (the last split past the wait
     /// resets its pair).
     mla_sem: Mutex<CudaSlice<u32>>,
+    /// `moe_down_combine_*`'s counters, one a tile of down rows (`moe::MOE_SEM`); zero between
+    /// launches (each tile's last block resets its own).
+    moe_sem: Mutex<CudaSlice<u32>>,
     /// cuBLAS's workspace (kept alive while the handle uses it).
     #[cfg(feature = "cuda")]
     _blas_workspace: CudaSlice<u8>,
@@ -695,6 +727,7 @@ impl CudaBackend {
         let stream = ctx.new_stream().map_err(dev)?;
         let moe_counter = stream.alloc_zeros::<u32>(1).map_err(dev)?;
         let mla_sem = stream.alloc_zeros::<u32>(2 * num_sms).map_err(dev)?;
+        let moe_sem = stream.alloc_zeros::<u32>(moe::MOE_SEM).map_err(dev)?;
         #[cfg(feature = "cuda")]
         keep_pool_memory(&ctx);
         let blas = std::panic::catch_unwind(|| CudaBlas::new(stream.clone())).map_err(|_| unavailable("cuBLAS could not be loaded".into()))?.map_err(dev)?;
@@ -757,6 +790,7 @@ impl CudaBackend {
             mla_grouped: std::env::var("WEFT_CUDA_MLA_GROUPED").map_or(true, |v| v != "0"),
             mla_wgmma: wgmma_setting.map_or(Some(2), |n| Some(n).filter(|&n| (1..=6).contains(&n))).filter(|_| mma && arch == "sm_90a"),
             mla_wgmma_max_heads: if wgmma_setting.is_some() { usize::MAX } else { mla::WG_DEFAULT_MAX_HEADS },
+            mla_uv_merge: std::env::var("WEFT_CUDA_MLA_UV_MERGE").ok().and_then(|v| v.parse().ok()).unwrap_or(1),
             mla_merge: std::env::var("WEFT_CUDA_MLA_MERGE").ok().and_then(|v| v.parse().ok()).unwrap_or(2),
             mla_mmg: std::env::var("WEFT_CUDA_MLA_MMG").ok().and_then(|v| mla::MMG_KERNELS.iter().find(|k| k.name == v).map(|k| k.name)),
             mla_min_group: std::env::var("WEFT_CUDA_MLA_MIN_GROUP").ok().and_then(|v| v.parse().ok()).unwrap_or(8).max(1),
@@ -765,6 +799,8 @@ impl CudaBackend {
             moe_gemm_tokens: std::env::var("WEFT_CUDA_MOE_GEMM_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(16),
             moe_grouped: std::env::var("WEFT_CUDA_MOE_GROUPED").map_or(true, |v| v != "0"),
             moe_shared_fused: std::env::var("WEFT_CUDA_MOE_SHARED_FUSED").ok().and_then(|v| v.parse().ok()).unwrap_or(8),
+            moe_router_fused: std::env::var("WEFT_CUDA_MOE_ROUTER_FUSED").ok().and_then(|v| v.parse().ok()).unwrap_or(1),
+            moe_down_combine: std::env::var("WEFT_CUDA_MOE_DOWN_COMBINE").map_or(true, |v| v != "0"),
             gemv_pair: std::env::var("WEFT_CUDA_GEMV_PAIR").map_or(true, |v| v != "0"),
             // Not on HIP: its stand-in GEMM (kernels/gemm.cu) is slower than the decode kernel.
             // The mock build has the path for tests, off unless they turn it on.
@@ -780,6 +816,7 @@ impl CudaBackend {
             expert_tables: Mutex::new(HashMap::new()),
             moe_counter: Mutex::new(moe_counter),
             mla_sem: Mutex::new(mla_sem),
+            moe_sem: Mutex::new(moe_sem),
             #[cfg(feature = "cuda")]
             _blas_workspace: blas_workspace,
             capturing: std::sync::atomic::AtomicBool::new(false),

@@ -2,7 +2,7 @@
 //! splits sized so the whole GPU is busy even for one decoding sequence) and the merge of the
 //! splits. The single-pass kernel in `weft.cu` remains for shapes this one does not take.
 
-use crate::{dev, CudaBackend, CudaKvPool};
+use crate::{dev, CudaBackend, CudaKvPool, CudaMatrix};
 use cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
 use weft_backend::{AttnRow, Result};
 
@@ -302,6 +302,15 @@ impl CudaBackend {
     /// Tensor cores (`mla_decode_mma`) where the layout fits, else `mla_decode`; both write the
     /// same partial outputs, merged by `mla_combine`.
     pub(crate) fn mla_split(&self, a: MlaArgs<'_>, tables: [&CudaView<'_, u32>; 3]) -> Result<CudaSlice<f32>> {
+        match self.mla_split_parts(a, tables, false)? {
+            MlaOut::Merged(out) => Ok(out),
+            MlaOut::Parts { .. } => unreachable!("merged unless deferred"),
+        }
+    }
+
+    /// `mla_split`, or with `defer` the splits' partials unmerged where the kernel leaves them
+    /// so (for a consumer that merges them itself: `mla_uv_merged`).
+    fn mla_split_parts(&self, a: MlaArgs<'_>, tables: [&CudaView<'_, u32>; 3], defer: bool) -> Result<MlaOut> {
         let MlaArgs { pool, layer, q_lat, q_pe, heads, rows, scale } = a;
         let l = pool.layout;
         let mma = self.mla_mma_kernel(pool, heads);
@@ -345,7 +354,7 @@ impl CudaBackend {
         let parts = if merge && nsplit == 1 { 0 } else { rows.len() * heads * nsplit };
         let mut o_part = self.out(parts * l.latent_dim)?;
         let mut ml_part = self.out(parts * 2)?;
-        let mut out = self.out(rows.len() * heads * l.latent_dim)?;
+        let mut out = self.out(if merge || !defer { rows.len() * heads * l.latent_dim } else { 0 })?;
         let view = pool.layer(layer);
         // The counters only for several splits (a single one writes its rows out at once).
         let sem = (merge && nsplit > 1).then(|| self.mla_sem.lock().unwrap());
@@ -364,7 +373,10 @@ impl CudaBackend {
         unsafe { b.launch(LaunchConfig { grid_dim: (base as u32, nsplit as u32, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem as u32 }) }.map_err(dev)?;
         drop(sem);
         if merge {
-            return Ok(out);
+            return Ok(MlaOut::Merged(out));
+        }
+        if defer {
+            return Ok(MlaOut::Parts { o: o_part, ml: ml_part, nsplit });
         }
         let ns = nsplit as u32;
         let mut b = self.stream.launch_builder(self.func("mla_combine"));
@@ -374,9 +386,74 @@ impl CudaBackend {
         let smem = ((COMBINE_COLS + nsplit) * 4) as u32;
         let grid = ((rows.len() * heads) as u32, l.latent_dim.div_ceil(COMBINE_COLS) as u32, 1);
         unsafe { b.launch(LaunchConfig { grid_dim: grid, block_dim: (COMBINE_COLS as u32, 1, 1), shared_mem_bytes: smem }) }.map_err(dev)?;
-        Ok(out)
+        Ok(MlaOut::Merged(out))
+    }
+
+    /// Sub-group rows of W_UV for `mla_uv_merge_*`: the most (of 4, 2, 1) whose blocks lie
+    /// within one head (each block merges its head's splits, so fewer blocks re-read fewer), and
+    /// `None` where no count does or the weights are off the weight-streaming path.
+    fn uv_merge_rows(&self, w_uv: &CudaMatrix, heads: usize, m: usize) -> Option<usize> {
+        let warps = (THREADS / crate::SUBGROUP) as usize;
+        let group_rows = w_uv.rows / heads.max(1);
+        let fits = m >= 1 && m <= self.mla_uv_merge && w_uv.f32_data.is_none() && heads > 0 && w_uv.rows % heads == 0 && self.gemv_fits(w_uv, m) && !self.gemv_mma_heads_fits(w_uv, m, group_rows);
+        [4, 2, 1].into_iter().find(|r| fits && group_rows % (warps * r) == 0)
+    }
+
+    /// Decode rows' MLA attention and then W_UV (`Backend::mla_attention_heads`' last two
+    /// steps) with the merge of the context splits inside W_UV's launch (`mla_uv_merge_*`:
+    /// one dependent step fewer than `mla_combine` and the GEMV) for at most `mla_uv_merge`
+    /// rows; `None` where it does not apply (the caller takes the ops apart).
+    pub(crate) fn mla_uv_merged(&self, a: MlaArgs<'_>, w_uv: &CudaMatrix) -> Result<Option<CudaSlice<f32>>> {
+        let MlaArgs { pool, q_lat, q_pe, heads, rows, .. } = a;
+        let l = pool.layout;
+        let Some(r) = self.uv_merge_rows(w_uv, heads, rows.len()) else { return Ok(None) };
+        if w_uv.cols != l.latent_dim || q_lat.len() != rows.len() * heads * l.latent_dim || q_pe.len() != rows.len() * heads * l.rope_dim || a.layer >= l.layers || !self.mla_split_fits(pool, heads) {
+            return Ok(None);
+        }
+        if crate::ops::check_mla_rows(l, rows).is_err() {
+            return Ok(None);
+        }
+        #[cfg(any(feature = "cuda", feature = "hip-mock"))]
+        if !self.mla_gemm_runs(rows).is_empty() {
+            return Ok(None);
+        }
+        let [bt, off, ctx] = crate::graphs::pack_tables(rows);
+        use crate::graphs::StepArray;
+        let (btb, offb, ctxb) = (self.step_array(StepArray::Tables, &bt)?, self.step_array(StepArray::Offsets, &off)?, self.step_array(StepArray::Lens, &ctx)?);
+        let (o, ml, nsplit) = match self.mla_split_parts(a, [&btb.slice(..), &offb.slice(..), &ctxb.slice(..)], true)? {
+            MlaOut::Merged(o_lat) => return weft_backend::Backend::head_linear(self, &o_lat, heads, w_uv).map(Some),
+            MlaOut::Parts { o, ml, nsplit } => (o, ml, nsplit),
+        };
+        let m = rows.len();
+        let mut out = self.out(m * w_uv.rows)?;
+        let warps = (THREADS / crate::SUBGROUP) as usize;
+        let cfg = LaunchConfig { grid_dim: (w_uv.rows.div_ceil(warps * r) as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: ((m * w_uv.cols + THREADS as usize + nsplit) * 4) as u32 };
+        let (m32, rows32, cols, grp, ns) = (m as u32, w_uv.rows as u32, w_uv.cols as u32, (w_uv.rows / heads) as u32, nsplit as u32);
+        let name = UV_MERGE[w_uv.fp8.is_some() as usize][r.trailing_zeros() as usize][(m > 1) as usize];
+        let mut b = self.stream.launch_builder(self.func(name));
+        let fp8 = w_uv.fp8.as_ref().map(|f| (f.grid_cols(w_uv.cols) as u32, f.block_rows as u32, f.block_cols as u32));
+        match (&w_uv.fp8, &fp8) {
+            (Some(f), Some((sc_cols, br, bc))) => b.arg(&f.bytes).arg(&f.scales).arg(sc_cols).arg(br).arg(bc),
+            _ => b.arg(&w_uv.data),
+        };
+        b.arg(&o).arg(&ml).arg(&mut out).arg(&m32).arg(&rows32).arg(&cols).arg(&grp).arg(&ns);
+        unsafe { b.launch(cfg) }.map_err(dev)?;
+        Ok(Some(out))
     }
 }
+
+/// A split launch's result: merged, or (deferred) the splits' partial outputs and (max, sum)
+/// pairs for a consumer to merge.
+enum MlaOut {
+    Merged(CudaSlice<f32>),
+    Parts { o: CudaSlice<f32>, ml: CudaSlice<f32>, nsplit: usize },
+}
+
+/// `mla_uv_merge_*` by [bf16, fp8][rows per sub-group 1 / 2 / 4][activation rows per pass 1 / 8].
+const UV_MERGE: [[[&str; 2]; 3]; 2] = [
+    [["mla_uv_merge_bf16_r1_t1", "mla_uv_merge_bf16_r1_t8"], ["mla_uv_merge_bf16_r2_t1", "mla_uv_merge_bf16_r2_t8"], ["mla_uv_merge_bf16_r4_t1", "mla_uv_merge_bf16_r4_t8"]],
+    [["mla_uv_merge_fp8_r1_t1", "mla_uv_merge_fp8_r1_t8"], ["mla_uv_merge_fp8_r2_t1", "mla_uv_merge_fp8_r2_t8"], ["mla_uv_merge_fp8_r4_t1", "mla_uv_merge_fp8_r4_t8"]],
+];
 
 #[cfg(test)]
 mod tests {

@@ -22,6 +22,8 @@ const MAX_AVG_TOKENS_PER_EXPERT: usize = 8;
 
 /// Down-projection rows per sub-group in the CUDA-core expert kernels (`MOE_DOWN_ROWS` in moe.cu).
 const DOWN_ROWS: usize = 2;
+/// Counters of `moe_down_combine_*` (one a tile of down rows): hidden sizes up to 32,768.
+pub(crate) const MOE_SEM: usize = 2048;
 /// Weight rows per tensor-core tile (`MMA_ROWS` in mma.cu) and threads per block there.
 const MMA_ROWS: usize = 16;
 const MMA_THREADS: u32 = 128;
@@ -120,6 +122,15 @@ pub(crate) enum Shared<'a> {
     Fused(&'a [ExpertWeights<CudaMatrix>]),
 }
 
+/// Where the routing's logits come from: computed before (`linear` of the router), or the
+/// router's f32 weights, multiplied in the routing kernel's own launch
+/// (`moe_router_route_plan`; `CudaBackend::router_fuses`).
+#[derive(Clone, Copy)]
+pub(crate) enum Gate<'a> {
+    Logits(&'a CudaSlice<f32>),
+    Router(&'a CudaSlice<f32>),
+}
+
 /// Device arrays of every expert's weight (and fp8 scale) pointers for one layer.
 pub struct ExpertTables {
     gate_up: CudaSlice<u64>,
@@ -200,6 +211,13 @@ impl CudaBackend {
         let first = &experts[0];
         let align = if first.gate_up.fp8.is_some() { 16 } else { 8 };
         experts.iter().all(|x| same_kind(x, first)) && first.gate_up.rows == 2 * first.inter && first.gate_up.cols % align == 0 && first.inter % align == 0
+    }
+
+    /// Whether the router's product runs in the routing's launch (`moe_router_route_plan`) for
+    /// `m` tokens: at most `moe_router_fused` (the last block routes them one after another),
+    /// f32 router rows on the weight-streaming path, the device MoE path taking the batch.
+    pub fn router_fuses(&self, router: &CudaMatrix, cfg: &RouterConfig, experts: &[ExpertWeights<CudaMatrix>], m: usize) -> bool {
+        m <= self.moe_router_fused && router.f32_data.is_some() && self.gemv_fits(router, m) && !experts.is_empty() && self.moe_on_device_fits(cfg, experts, m)
     }
 
     /// The expert kernels for `m` tokens routed `k` ways over `e` experts shaped as `first`.
@@ -284,7 +302,7 @@ impl CudaBackend {
     pub(crate) fn moe_on_device(
         &self,
         x: &CudaSlice<f32>,
-        gate_logits: &CudaSlice<f32>,
+        gate: Gate<'_>,
         bias: &CudaSlice<f32>,
         cfg: &RouterConfig,
         experts: &[ExpertWeights<CudaMatrix>],
@@ -313,25 +331,28 @@ impl CudaBackend {
         let mut plan = self.alloc::<u32>(2 + 2 * maxa + n + 1 + 2 * (n / TILE_ROWS + maxa))?;
         let maxa32 = maxa as u32;
         let counter = self.moe_counter.lock().unwrap();
-        let mut l = self.stream.launch_builder(self.func("moe_route_plan"));
-        l.arg(gate_logits)
-            .arg(bias)
-            .arg(&e32)
-            .arg(&top32)
-            .arg(&s32)
-            .arg(&ng)
-            .arg(&tg)
-            .arg(&norm)
-            .arg(&sc)
-            .arg(&mut ids)
-            .arg(&mut wts)
-            .arg(&first32)
-            .arg(&held32)
-            .arg(&maxa32)
-            .arg(&mut plan)
-            .arg(&*counter);
-        unsafe { l.launch(LaunchConfig { grid_dim: (m as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }) }.map_err(dev)?;
+        // The router's product in the same launch: a sub-group a router row, the last block
+        // routing; else a block a token over logits computed before.
+        let (m32, h32) = (m as u32, hidden as u32);
+        let mut logits = match gate {
+            Gate::Router(_) => Some(self.out(m * e)?),
+            Gate::Logits(_) => None,
+        };
+        let mut l = self.stream.launch_builder(self.func(if logits.is_some() { "moe_router_route_plan" } else { "moe_route_plan" }));
+        let route_grid = match gate {
+            Gate::Router(w) => {
+                l.arg(w).arg(x).arg(&m32).arg(&h32).arg(logits.as_mut().expect("allocated above"));
+                e.div_ceil((THREADS / crate::SUBGROUP) as usize) as u32
+            }
+            Gate::Logits(g) => {
+                l.arg(g);
+                m as u32
+            }
+        };
+        l.arg(bias).arg(&e32).arg(&top32).arg(&s32).arg(&ng).arg(&tg).arg(&norm).arg(&sc).arg(&mut ids).arg(&mut wts).arg(&first32).arg(&held32).arg(&maxa32).arg(&mut plan).arg(&*counter);
+        unsafe { l.launch(LaunchConfig { grid_dim: (route_grid, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }) }.map_err(dev)?;
         drop(counter);
+        drop(logits);
 
         // Kernel shape: one entry per expert (a single decoding token), a few on CUDA cores,
         // or tensor cores (a sub-group per 16 gate|up rows or 32 down rows, 16 tokens a pass).
@@ -356,6 +377,20 @@ impl CudaBackend {
         l.arg(&plan).arg(&maxa32).arg(x).arg(&mut h).arg(&k32).arg(&h32).arg(&i32_);
         unsafe { l.launch(gu_grid) }.map_err(dev)?;
         let mut y = self.out(n * hidden)?;
+        // A single token's down products and combine in one launch (the last block of each
+        // tile of rows sums them), where the tiles have counters.
+        let tiles = hidden.div_ceil(DOWN_ROWS).div_ceil((THREADS / crate::SUBGROUP) as usize);
+        if path == Path::One && self.moe_down_combine && tiles <= MOE_SEM {
+            let mut out = self.out(m * hidden)?;
+            let (e32, first32, has_add, m32) = (e as u32, first as u32, add.is_some() as i32, m as u32);
+            let sem = self.moe_sem.lock().unwrap();
+            let mut l = self.stream.launch_builder(self.func(["moe_down_combine_bf16_t1", "moe_down_combine_fp8_t1"][fp8]));
+            tables.push(&mut l, true);
+            l.arg(&plan).arg(&maxa32).arg(&h).arg(&mut y).arg(&h32).arg(&i32_);
+            l.arg(&wts).arg(&ids).arg(&e32).arg(&s32).arg(&first32).arg(&held32).arg(add.unwrap_or(&wts)).arg(&has_add).arg(&mut out).arg(&m32).arg(&k32).arg(&*sem);
+            unsafe { l.launch(down_grid) }.map_err(dev)?;
+            return Ok(out);
+        }
         let mut l = self.stream.launch_builder(self.func(EXPERT_KERNELS[1][fp8][path as usize]));
         tables.push(&mut l, true);
         l.arg(&plan).arg(&maxa32).arg(&h).arg(&mut y).arg(&h32).arg(&i32_);

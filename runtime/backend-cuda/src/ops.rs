@@ -4,6 +4,7 @@
 
 use crate::graphs::{pack_tables, StepArray};
 use crate::mla::MlaArgs;
+use crate::moe::{Gate, Shared};
 use crate::{dev, CudaBackend, CudaKvPool, CudaMatrix, Fp8Weight};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
@@ -291,7 +292,7 @@ fn check_store_kv(lay: KvLayout, layer: usize, kv_a: usize, positions: &[u32], s
 }
 
 /// Every row's context covered by its block table, every page inside the pool.
-fn check_mla_rows(l: KvLayout, rows: &[AttnRow<'_>]) -> Result<()> {
+pub(crate) fn check_mla_rows(l: KvLayout, rows: &[AttnRow<'_>]) -> Result<()> {
     if l.latent_dim > 4 * BLOCK as usize {
         return Err(shape("mla_attention", format!("latent dim {} above {}", l.latent_dim, 4 * BLOCK)));
     }
@@ -657,6 +658,9 @@ impl Backend for CudaBackend {
             }
         }
         let q_lat = self.head_linear(q_nope, heads, w_uk_t)?;
+        if let Some(o) = self.mla_uv_merged(MlaArgs { pool, layer, q_lat: &q_lat, q_pe, heads, rows, scale }, w_uv)? {
+            return Ok(o);
+        }
         let o_lat = self.mla_attention(pool, layer, &q_lat, q_pe, heads, rows, scale)?;
         self.head_linear(&o_lat, heads, w_uv)
     }
@@ -716,11 +720,28 @@ impl Backend for CudaBackend {
         weft_backend::check_local_experts(first, experts.len(), cfg_r, bias.len())?;
         let m = check_rows("moe", gate_logits.len(), cfg_r.n_experts)?;
         let hidden = check_rows("moe", x.len(), m.max(1))?;
-        if shared.iter().all(|w| w.gate_up.cols == hidden) && self.moe_fuses_shared(cfg_r, experts, shared, m) {
-            return self.moe_on_device(x, gate_logits, bias, cfg_r, experts, first, m, hidden, crate::moe::Shared::Fused(shared));
-        }
-        let sum = Backend::shared_experts(self, x, shared)?;
-        self.moe_held(x, gate_logits, bias, cfg_r, experts, first, sum.as_ref())
+        self.moe_block_gated(x, Gate::Logits(gate_logits), bias, cfg_r, (experts, first), shared, m, hidden)
+    }
+
+    fn moe_block_routed(
+        &self,
+        x: &CudaSlice<f32>,
+        router: &CudaMatrix,
+        bias: &CudaSlice<f32>,
+        cfg_r: &RouterConfig,
+        experts: &[ExpertWeights<CudaMatrix>],
+        first: usize,
+        shared: &[ExpertWeights<CudaMatrix>],
+    ) -> Result<CudaSlice<f32>> {
+        let hidden = router.cols;
+        let m = if hidden == 0 { 0 } else { x.len() / hidden };
+        let fuses = x.len() == m * hidden && router.rows == cfg_r.n_experts && self.router_fuses(router, cfg_r, experts, m);
+        let Some(w) = router.f32_data.as_ref().filter(|_| fuses) else {
+            let logits = self.linear(x, router)?;
+            return self.moe_block(x, &logits, bias, cfg_r, experts, first, shared);
+        };
+        weft_backend::check_local_experts(first, experts.len(), cfg_r, bias.len())?;
+        self.moe_block_gated(x, Gate::Router(w), bias, cfg_r, (experts, first), shared, m, hidden)
     }
 
     fn shared_experts(&self, x: &CudaSlice<f32>, shared: &[ExpertWeights<CudaMatrix>]) -> Result<Option<CudaSlice<f32>>> {
@@ -796,6 +817,34 @@ impl CudaBackend {
     /// expert-parallel): the device path when the batch fits it (it routes over every expert
     /// and computes the pairs of the ones held), else routing on the host.
     #[allow(clippy::too_many_arguments)]
+    /// `moe_block` (and `moe_block_routed`, whose router then runs in the routing's launch):
+    /// the shared chunks with the routed experts where `moe_fuses_shared`, else apart and added
+    /// in the combine.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_block_gated(
+        &self,
+        x: &CudaSlice<f32>,
+        gate: Gate<'_>,
+        bias: &CudaSlice<f32>,
+        cfg_r: &RouterConfig,
+        (experts, first): (&[ExpertWeights<CudaMatrix>], usize),
+        shared: &[ExpertWeights<CudaMatrix>],
+        m: usize,
+        hidden: usize,
+    ) -> Result<CudaSlice<f32>> {
+        if shared.iter().all(|w| w.gate_up.cols == hidden) && self.moe_fuses_shared(cfg_r, experts, shared, m) {
+            return self.moe_on_device(x, gate, bias, cfg_r, experts, first, m, hidden, Shared::Fused(shared));
+        }
+        let sum = Backend::shared_experts(self, x, shared)?;
+        match gate {
+            Gate::Logits(logits) => self.moe_held(x, logits, bias, cfg_r, experts, first, sum.as_ref()),
+            Gate::Router(_) => {
+                weft_backend::check_moe_shared(sum.as_ref().map(|s| s.len()), x.len())?;
+                self.moe_on_device(x, gate, bias, cfg_r, experts, first, m, hidden, Shared::Output(sum.as_ref()))
+            }
+        }
+    }
+
     fn moe_held(
         &self,
         x: &CudaSlice<f32>,
@@ -810,7 +859,7 @@ impl CudaBackend {
         let hidden = check_rows("moe", x.len(), m.max(1))?;
         weft_backend::check_moe_shared(shared.map(|s| s.len()), x.len())?;
         if !experts.is_empty() && self.moe_on_device_fits(cfg_r, experts, m) {
-            return self.moe_on_device(x, gate_logits, bias, cfg_r, experts, first, m, hidden, crate::moe::Shared::Output(shared));
+            return self.moe_on_device(x, Gate::Logits(gate_logits), bias, cfg_r, experts, first, m, hidden, Shared::Output(shared));
         }
         let mut out = self.moe_host_routed(x, gate_logits, bias, cfg_r, experts, first, m, hidden)?;
         if let Some(s) = shared {

@@ -318,6 +318,55 @@ fn rope_q_and_latent_store_in_one_launch_equal_the_two_ops() {
     }
 }
 
+/// Decode rows' MLA with the merge of the context splits inside W_UV's launch
+/// (`mla_uv_merge_*`): one, three and eight rows of contexts up to 1,000 tokens over a bf16
+/// cache, 4 and 16 heads, bf16 and fp8 W_UV — the same bits as `mla_combine` and then the GEMV,
+/// and the CPU's result.
+#[test]
+fn mla_splits_merge_inside_w_uv() {
+    let (mut g, c) = (mock(), CpuBackend::new());
+    let mut r = Rng(31);
+    let (rd, latent, nope, v, ps) = (32, 128, 48, 64, 64usize);
+    let layout = KvLayout { layers: 1, num_pages: 16, page_size: ps, latent_dim: latent, rope_dim: rd, dtype: KvDtype::Bf16 };
+    let (mut pg, mut pc) = (g.alloc_kv_pool(layout).unwrap(), c.alloc_kv_pool(layout).unwrap());
+    let n = 16 * ps;
+    let kv = r.vec(n * (latent + rd), 2.0);
+    let pos: Vec<u32> = (0..n as u32).map(|s| s % 1000).collect();
+    let slots: Vec<u32> = (0..n as u32).collect();
+    let rp = RopeParams { inv_freq: (0..rd / 2).map(|i| 50000f32.powf(-(2.0 * i as f32) / rd as f32)).collect(), attention_factor: 1.0, interleaved: true };
+    c.mla_store_kv(&mut pc, 0, &kv, &r.vec(latent, 1.0), 1e-6, &pos, &slots, &rp).unwrap();
+    let words: Vec<f32> = pc.data.chunks(2).map(|v| f32::from_bits((v[0].to_bits() >> 16) | (v[1].to_bits() & 0xffff_0000))).collect();
+    g.stream.memcpy_htod(&words, &mut pg.data).unwrap();
+    let (ta, tb): (Vec<u32>, Vec<u32>) = ((0..16).rev().collect(), vec![3, 9, 4]);
+    for m in [1usize, 3, 8] {
+        let rows: Vec<AttnRow<'_>> = (0..m).map(|i| if i % 2 == 0 { AttnRow { block_table: &ta, ctx_len: 1000 - 37 * i } } else { AttnRow { block_table: &tb, ctx_len: 150 + i } }).collect();
+        for heads in [4usize, 16] {
+            for fp8 in [false, true] {
+                let uk = bf16_matrix(&mut r, "w_uk_t", heads * latent, nope);
+                let uv = if fp8 {
+                    weft_backend::dummy::DummySpec::new("w_uv_fp8", vec![(heads as u64, heads * v)], latent, 0.08, Some((128, 128))).host()
+                } else {
+                    bf16_matrix(&mut r, "w_uv", heads * v, latent)
+                };
+                let (guk, guv) = (g.upload_matrix(&uk).unwrap(), g.upload_matrix(&uv).unwrap());
+                let (cuk, cuv) = (c.upload_matrix(&uk).unwrap(), c.upload_matrix(&uv).unwrap());
+                let (q_nope, q_pe) = (r.vec(m * heads * nope, 0.5), r.vec(m * heads * rd, 0.5));
+                let want = c.mla_attention_heads(&pc, 0, &q_nope, &q_pe, &cuk, &cuv, heads, &rows, 0.06).unwrap();
+                let (gq, gp) = (g.upload(&q_nope).unwrap(), g.upload(&q_pe).unwrap());
+                let mut outs = vec![];
+                for most in [8, 0] {
+                    g.mla_uv_merge = most;
+                    let got = g.download(&g.mla_attention_heads(&pg, 0, &gq, &gp, &guk, &guv, heads, &rows, 0.06).unwrap()).unwrap();
+                    check(&format!("mla_attention_heads m={m} {heads} heads fp8 W_UV {fp8}, merged in W_UV up to {most} rows"), &got, &want, 1e-4);
+                    outs.push(got);
+                }
+                assert!(outs[0] == outs[1], "m={m} {heads} heads fp8 {fp8}: the merge inside W_UV must give mla_combine's bits");
+            }
+        }
+    }
+    g.mla_uv_merge = 1;
+}
+
 /// Prefill runs through the GEMM path (`mla_prefill.rs`, served here by the stand-in GEMM the
 /// mock build has; real HIP builds keep the decode kernels): a run of 72 rows attending in query
 /// tiles of 32 (tiles multiply only the keys their last row sees), beside a decode row and a
@@ -532,6 +581,62 @@ fn moe_block_runs_shared_chunks_with_the_routed_experts() {
     let m = 70;
     let err = g.shared_experts(&g.upload(&r.vec(m * hidden, 1.0)).unwrap(), &bad).err().expect("mismatched chunk");
     assert!(err.to_string().contains("are not rows of"), "{err}");
+}
+
+/// The router's product in the routing's launch (`Backend::moe_block_routed`,
+/// `moe_router_route_plan`: a sub-group a router row, the last block routing each token in
+/// turn and planning): for one and three tokens, plain and group-limited routing, a whole layer
+/// and an expert-parallel rank, shared chunks with the routed experts and apart — the same bits
+/// as the router's GEMV and then the routing, and the CPU's result; with a single token's down
+/// products and combine in one launch (`moe_down_combine_*`) and apart, also the same bits.
+#[test]
+fn moe_router_runs_in_the_routing_launch() {
+    use weft_backend::{ExpertWeights, RouterConfig};
+    let (mut g, c) = (mock(), CpuBackend::new());
+    let mut r = Rng(29);
+    let (hidden, inter, e) = (256, 64, 16);
+    let (mut eg, mut ec) = (vec![], vec![]);
+    for _ in 0..e + 2 {
+        let (gu, dn) = (bf16_matrix(&mut r, "w", 2 * inter, hidden), bf16_matrix(&mut r, "w", hidden, inter));
+        eg.push(ExpertWeights { gate_up: g.upload_matrix(&gu).unwrap(), down: g.upload_matrix(&dn).unwrap(), inter });
+        ec.push(ExpertWeights { gate_up: c.upload_matrix(&gu).unwrap(), down: c.upload_matrix(&dn).unwrap(), inter });
+    }
+    let (sg, sc) = (eg.split_off(e), ec.split_off(e));
+    // Router rows of a published name: kept (and multiplied) in f32.
+    let router = HostMatrix::from_f32("model.layers.1.mlp.gate.weight", e, hidden, &r.vec(e * hidden, 0.2));
+    let (rg, rc) = (g.upload_matrix(&router).unwrap(), c.upload_matrix(&router).unwrap());
+    let bias = r.vec(e, 0.3);
+    let bg = g.upload(&bias).unwrap();
+    let plain = RouterConfig { n_experts: e, top_k: 4, n_group: 1, topk_group: 1, norm_topk_prob: true, routed_scaling_factor: 2.5 };
+    let grouped = RouterConfig { n_group: 4, topk_group: 2, norm_topk_prob: false, ..plain.clone() };
+    for cfg in [&plain, &grouped] {
+        for m in [1usize, 3] {
+            let x = r.vec(m * hidden, 1.0);
+            let xg = g.upload(&x).unwrap();
+            for (first, held) in [(0, e), (4, 8)] {
+                for (shared_fused, chunks) in [(usize::MAX, 2), (0, 2), (usize::MAX, 0)] {
+                    let want = c.moe_block_routed(&x, &rc, &bias, cfg, &ec[first..first + held], first, &sc[..chunks]).unwrap();
+                    g.moe_shared_fused = shared_fused;
+                    let mut outs = vec![];
+                    for (fused, down_combine) in [(0, false), (usize::MAX, false), (usize::MAX, true)] {
+                        (g.moe_router_fused, g.moe_down_combine) = (fused, down_combine);
+                        assert_eq!(g.router_fuses(&rg, cfg, &eg[first..first + held], m), fused > 0);
+                        let got = g.download(&g.moe_block_routed(&xg, &rg, &bg, cfg, &eg[first..first + held], first, &sg[..chunks]).unwrap()).unwrap();
+                        let name = format!(
+                            "moe_block_routed m={m} groups={} experts {first}..{} chunks {chunks} with the routed {shared_fused}, router fused {fused}, down + combine {down_combine}",
+                            cfg.n_group,
+                            first + held
+                        );
+                        check(&name, &got, &want, 1e-4);
+                        outs.push(got);
+                    }
+                    // (A single token's down products and combine in one launch sum in moe_combine's order.)
+                    assert!(outs[0] == outs[1] && outs[1] == outs[2], "the router in the routing's launch must give the GEMV's logits, bit for bit");
+                }
+            }
+        }
+    }
+    (g.moe_router_fused, g.moe_down_combine, g.moe_shared_fused) = (1, true, 8);
 }
 
 /// The sampling front end on the device (token edits, temperature, top-K, log-sum-exp): the

@@ -435,6 +435,24 @@ pub trait Backend: Send + Sync + 'static {
         self.moe_local(x, gate_logits, bias, cfg, experts, first, sum.as_ref())
     }
 
+    /// [`Self::moe_block`] with the router too: its gate logits are `x · routerᵀ`
+    /// (`router [n_experts, hidden]`). The default multiplies first ([`Self::linear`]); a
+    /// backend may take the product in the routing's own pass.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_block_routed(
+        &self,
+        x: &Self::Buf,
+        router: &Self::Matrix,
+        bias: &Self::Buf,
+        cfg: &RouterConfig,
+        experts: &[ExpertWeights<Self::Matrix>],
+        first: usize,
+        shared: &[ExpertWeights<Self::Matrix>],
+    ) -> Result<Self::Buf> {
+        let logits = self.linear(x, router)?;
+        self.moe_block(x, &logits, bias, cfg, experts, first, shared)
+    }
+
     /// The shared experts' output on `x`: each chunk's gated MLP, summed (`None` without any;
     /// [`shared_experts_apart`] unless a backend shares work between the chunks).
     fn shared_experts(&self, x: &Self::Buf, shared: &[ExpertWeights<Self::Matrix>]) -> Result<Option<Self::Buf>> {

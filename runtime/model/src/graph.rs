@@ -277,10 +277,7 @@ impl<B: Backend> DeepseekV3<B> {
         };
         let out = match &lw.ffn {
             FeedForward::Dense(w) => mlp(w)?,
-            FeedForward::Moe(m) => {
-                let logits = be.linear(x, &m.router)?;
-                be.moe_block(x, &logits, &m.bias, &self.router, &m.experts, m.first_expert, &m.shared)?
-            }
+            FeedForward::Moe(m) => be.moe_block_routed(x, &m.router, &m.bias, &self.router, &m.experts, m.first_expert, &m.shared)?,
         };
         self.reduce(out)
     }
