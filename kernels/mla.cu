@@ -214,6 +214,45 @@ extern "C" __global__ void mla_combine(const float* o_part, const float* ml_part
     }
 }
 
+// rope_q_store_kv and the queries' absorption (W_UK, per head `latent` rows of `nope` columns)
+// in one launch, for decoding rows: blocks below m · (heads + 1) rope the queries' rope parts
+// into q_pe and store the rows' latents as rope_q_store_kv does (no q_nope copy), the rest take
+// W_UK's rows as gemv_body does, each head's nope part read in place from q (rows
+// heads · (nope + rd) wide). The two read only the projections, so neither waits for the other:
+// one dependent step a layer fewer than the rope / store, then W_UK.
+template <typename C, int KIND, int R>
+__device__ void rope_store_absorb_body(C* layer, const float* q, float* q_lat, float* q_pe, const float* kv_a, const float* norm_w, const u32* pos, const u32* slots, const float* inv_freq, WeightRef W, u32 m, u32 heads, u32 nope, u32 latent, u32 rd, float eps, float attn_factor, int interleaved) {
+    const u32 rb = m * (heads + 1);
+    if (blockIdx.x >= rb) {
+        const u32 warps = blockDim.x / WEFT_WARP, rows = heads * latent, b = blockIdx.x - rb;
+        if (threadIdx.x == 0) prefetch_rows<KIND>(W, b * warps * R, warps * R, rows, nope);
+        WEFT_PDL_ENTRY();
+        const u32 r0 = (b * warps + threadIdx.x / WEFT_WARP) * R;
+        if (r0 < rows) gemv_rows<KIND, R, 1>(W, q + (i64)(r0 / latent) * (nope + rd), heads * (nope + rd), q_lat, m, rows, nope, r0);
+        return;
+    }
+    WEFT_PDL_ENTRY();
+    const u32 b = blockIdx.x;
+    if (b < m * heads) rope_into(q + (i64)b * (nope + rd) + nope, pos[b / heads], inv_freq, rd, attn_factor, interleaved, q_pe + (i64)b * rd);
+    else store_kv_body(b - m * heads, layer, kv_a, norm_w, pos, slots, inv_freq, latent, rd, eps, attn_factor, interleaved);
+}
+
+#define ROPE_ABSORB_ENTRY(CN, C, R)                                                                                     \
+    extern "C" __global__ void rope_store_absorb##CN##_bf16_r##R(C* layer, const float* q, float* q_lat, float* q_pe, const float* kv_a, const float* norm_w, const u32* pos, const u32* slots, const float* inv_freq, const u16* w, u32 m, u32 heads, u32 nope, u32 latent, u32 rd, float eps, float attn_factor, int interleaved) { \
+        WeightRef W = {w, 0, 0, 1, 1};                                                                                  \
+        rope_store_absorb_body<C, WK_BF16, R>(layer, q, q_lat, q_pe, kv_a, norm_w, pos, slots, inv_freq, W, m, heads, nope, latent, rd, eps, attn_factor, interleaved); \
+    }                                                                                                                   \
+    extern "C" __global__ void rope_store_absorb##CN##_fp8_r##R(C* layer, const float* q, float* q_lat, float* q_pe, const float* kv_a, const float* norm_w, const u32* pos, const u32* slots, const float* inv_freq, const unsigned char* w, const float* sc, u32 sc_cols, u32 br, u32 bc, u32 m, u32 heads, u32 nope, u32 latent, u32 rd, float eps, float attn_factor, int interleaved) { \
+        WeightRef W = {w, sc, sc_cols, br, bc};                                                                         \
+        rope_store_absorb_body<C, WK_FP8, R>(layer, q, q_lat, q_pe, kv_a, norm_w, pos, slots, inv_freq, W, m, heads, nope, latent, rd, eps, attn_factor, interleaved); \
+    }
+ROPE_ABSORB_ENTRY(, float, 1)
+ROPE_ABSORB_ENTRY(, float, 2)
+ROPE_ABSORB_ENTRY(, float, 4)
+ROPE_ABSORB_ENTRY(_kvbf16, u16, 1)
+ROPE_ABSORB_ENTRY(_kvbf16, u16, 2)
+ROPE_ABSORB_ENTRY(_kvbf16, u16, 4)
+
 // W_UV (per head: `group_rows` rows of the latent's `cols` columns) on the merge of the context
 // splits, in one launch: out[i, r] = W[r, :] · merged[i, head(r), :] for i < m, the merged
 // latent being mla_combine's (the same weights, sums and bits) of `nsplit` partials. Every block

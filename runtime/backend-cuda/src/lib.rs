@@ -235,6 +235,18 @@ pub const KERNELS: &[&str] = &[
     "mla_decode_wgs_bf16",
     "mla_decode_wgp_bf16",
     "mla_combine",
+    "rope_store_absorb_bf16_r1",
+    "rope_store_absorb_bf16_r2",
+    "rope_store_absorb_bf16_r4",
+    "rope_store_absorb_fp8_r1",
+    "rope_store_absorb_fp8_r2",
+    "rope_store_absorb_fp8_r4",
+    "rope_store_absorb_kvbf16_bf16_r1",
+    "rope_store_absorb_kvbf16_bf16_r2",
+    "rope_store_absorb_kvbf16_bf16_r4",
+    "rope_store_absorb_kvbf16_fp8_r1",
+    "rope_store_absorb_kvbf16_fp8_r2",
+    "rope_store_absorb_kvbf16_fp8_r4",
     "mla_uv_merge_bf16_r1_t1",
     "mla_uv_merge_fp8_r1_t1",
     "mla_uv_merge_bf16_r2_t1",
@@ -398,6 +410,11 @@ pub struct CudaBackend {
     /// 4096; 16 (one row × 1024) 2× slower, as a merging thread reads the other splits one
     /// after another (round 27).
     pub mla_merge: usize,
+    /// Decode batches of at most this many rows absorb their queries (W_UK) in the launch that
+    /// ropes them and stores the latents (`rope_store_absorb_*`, mla.cu) instead of a GEMV
+    /// after it (`WEFT_CUDA_MLA_ABSORB_FUSED`, default 1; 0: never). Only where W_UK takes the
+    /// CUDA-core weight-streaming path.
+    pub mla_absorb_fused: usize,
     /// Decode batches of at most this many rows merge MLA's context splits inside W_UV's launch
     /// (`mla_uv_merge_*`, mla.cu: each block merges its head's splits, then its rows' GEMV)
     /// instead of `mla_combine` and then the GEMV (`WEFT_CUDA_MLA_UV_MERGE`, default 1; 0:
@@ -790,6 +807,7 @@ impl CudaBackend {
             mla_grouped: std::env::var("WEFT_CUDA_MLA_GROUPED").map_or(true, |v| v != "0"),
             mla_wgmma: wgmma_setting.map_or(Some(2), |n| Some(n).filter(|&n| (1..=6).contains(&n))).filter(|_| mma && arch == "sm_90a"),
             mla_wgmma_max_heads: if wgmma_setting.is_some() { usize::MAX } else { mla::WG_DEFAULT_MAX_HEADS },
+            mla_absorb_fused: std::env::var("WEFT_CUDA_MLA_ABSORB_FUSED").ok().and_then(|v| v.parse().ok()).unwrap_or(1),
             mla_uv_merge: std::env::var("WEFT_CUDA_MLA_UV_MERGE").ok().and_then(|v| v.parse().ok()).unwrap_or(1),
             mla_merge: std::env::var("WEFT_CUDA_MLA_MERGE").ok().and_then(|v| v.parse().ok()).unwrap_or(2),
             mla_mmg: std::env::var("WEFT_CUDA_MLA_MMG").ok().and_then(|v| mla::MMG_KERNELS.iter().find(|k| k.name == v).map(|k| k.name)),

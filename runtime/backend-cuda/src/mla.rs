@@ -4,7 +4,7 @@
 
 use crate::{dev, CudaBackend, CudaKvPool, CudaMatrix};
 use cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
-use weft_backend::{AttnRow, Result};
+use weft_backend::{AttnRow, Result, RopeParams};
 
 /// Tokens per shared-memory tile and heads per block (`MLA_T`, `MLA_HG` in mla.cu).
 const TILE: usize = 16;
@@ -441,6 +441,92 @@ impl CudaBackend {
         Ok(Some(out))
     }
 }
+
+/// Where and how a step's latents are stored (`Backend::mla_store_kv`'s arguments past the pool).
+pub(crate) struct LatentStore<'a> {
+    pub kv_a: &'a CudaSlice<f32>,
+    pub norm_w: &'a CudaSlice<f32>,
+    pub eps: f32,
+    pub positions: &'a [u32],
+    pub slots: &'a [u32],
+    pub rope: &'a RopeParams,
+}
+
+impl CudaBackend {
+    /// Sub-group rows of W_UK for `rope_store_absorb_*` for `m` decoding rows (the count
+    /// `gemv` would take), or `None` where the launch does not apply: more rows than
+    /// `mla_absorb_fused`, weights off the CUDA-core weight-streaming path, or rows that would
+    /// attend through the GEMM path (which reads q_nope).
+    fn absorb_rows(&self, w_uk_t: &CudaMatrix, heads: usize, latent: usize, m: usize, rows: &[AttnRow<'_>]) -> Option<usize> {
+        let fits = (1..=self.mla_absorb_fused).contains(&m)
+            && rows.len() == m
+            && w_uk_t.f32_data.is_none()
+            && w_uk_t.rows == heads * latent
+            && self.gemv_fits(w_uk_t, m)
+            && !self.gemv_mma_heads_fits(w_uk_t, m, latent);
+        #[cfg(any(feature = "cuda", feature = "hip-mock"))]
+        let fits = fits && self.mla_gemm_runs(rows).is_empty();
+        let r = crate::gemv::rows_per_subgroup(w_uk_t.rows, latent, m, self.num_sms);
+        fits.then_some(r)
+    }
+
+    /// `mla_rope_q_store_kv` and W_UK's product of the queries' nope parts in one launch
+    /// (`rope_store_absorb_*`, mla.cu) for a few decoding rows: `(q_lat, q_pe)`, or `None` where
+    /// it does not apply (`absorb_rows`; the rope's and the cache's widths agree, the rows
+    /// match) — the caller takes the ops apart, whose checks say what is wrong, if anything.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn rope_store_absorb(
+        &self,
+        q: &CudaSlice<f32>,
+        (heads, nope, rope_dim): (usize, usize, usize),
+        pool: &mut CudaKvPool,
+        layer: usize,
+        st: &LatentStore<'_>,
+        w_uk_t: &CudaMatrix,
+        rows: &[AttnRow<'_>],
+    ) -> Result<Option<(CudaSlice<f32>, CudaSlice<f32>)>> {
+        let lay = pool.layout;
+        let width = heads * (nope + rope_dim);
+        if !self.fused_rope_store || heads == 0 || width == 0 || q.len() % width != 0 || rope_dim != lay.rope_dim || w_uk_t.cols != nope {
+            return Ok(None);
+        }
+        let m = q.len() / width;
+        let Some(r) = self.absorb_rows(w_uk_t, heads, lay.latent_dim, m, rows) else { return Ok(None) };
+        if crate::ops::check_store_kv(lay, layer, st.kv_a.len(), st.positions, st.slots).ok() != Some(m) {
+            return Ok(None);
+        }
+        let [pb, sb, fb] = self.store_kv_arrays(st.positions, st.slots, st.rope)?;
+        let (pb, sb, fb) = (&*pb, &*sb, &*fb);
+        let mut q_lat = self.out(m * heads * lay.latent_dim)?;
+        let mut q_pe = self.out(m * heads * rope_dim)?;
+        let (m32, h, n, lat, rd, inter) = (m as u32, heads as u32, nope as u32, lay.latent_dim as u32, rope_dim as u32, st.rope.interleaved as i32);
+        let fp8 = w_uk_t.fp8.is_some() as usize;
+        let name = ROPE_ABSORB[pool.bf16() as usize][fp8][r.trailing_zeros() as usize];
+        let mut view = pool.layer_mut(layer);
+        let mut l = self.stream.launch_builder(self.func(name));
+        l.arg(&mut view).arg(q).arg(&mut q_lat).arg(&mut q_pe).arg(st.kv_a).arg(st.norm_w).arg(pb).arg(sb).arg(fb);
+        let grid = |f: &crate::Fp8Weight| (f.grid_cols(w_uk_t.cols) as u32, f.block_rows as u32, f.block_cols as u32);
+        let scales = w_uk_t.fp8.as_ref().map(|f| (f, grid(f)));
+        match &scales {
+            Some((f, (sc_cols, br, bc))) => l.arg(&f.bytes).arg(&f.scales).arg(sc_cols).arg(br).arg(bc),
+            None => l.arg(&w_uk_t.data),
+        };
+        l.arg(&m32).arg(&h).arg(&n).arg(&lat).arg(&rd).arg(&st.eps).arg(&st.rope.attention_factor).arg(&inter);
+        let warps = (THREADS / crate::SUBGROUP) as usize;
+        let blocks = m * (heads + 1) + w_uk_t.rows.div_ceil(warps * r);
+        unsafe { l.launch(LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }) }.map_err(dev)?;
+        Ok(Some((q_lat, q_pe)))
+    }
+}
+
+/// `rope_store_absorb*` by [f32, bf16 cache][bf16, fp8 W_UK][rows per sub-group 1 / 2 / 4].
+const ROPE_ABSORB: [[[&str; 3]; 2]; 2] = [
+    [["rope_store_absorb_bf16_r1", "rope_store_absorb_bf16_r2", "rope_store_absorb_bf16_r4"], ["rope_store_absorb_fp8_r1", "rope_store_absorb_fp8_r2", "rope_store_absorb_fp8_r4"]],
+    [
+        ["rope_store_absorb_kvbf16_bf16_r1", "rope_store_absorb_kvbf16_bf16_r2", "rope_store_absorb_kvbf16_bf16_r4"],
+        ["rope_store_absorb_kvbf16_fp8_r1", "rope_store_absorb_kvbf16_fp8_r2", "rope_store_absorb_kvbf16_fp8_r4"],
+    ],
+];
 
 /// A split launch's result: merged, or (deferred) the splits' partial outputs and (max, sum)
 /// pairs for a consumer to merge.

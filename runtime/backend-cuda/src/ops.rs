@@ -280,7 +280,7 @@ impl CudaBackend {
 
 /// `mla_store_kv`'s arguments: `kv_a` whole rows of the cache's width (returns how many), as
 /// many positions and slots, a layer of the pool, every slot inside it.
-fn check_store_kv(lay: KvLayout, layer: usize, kv_a: usize, positions: &[u32], slots: &[u32]) -> Result<usize> {
+pub(crate) fn check_store_kv(lay: KvLayout, layer: usize, kv_a: usize, positions: &[u32], slots: &[u32]) -> Result<usize> {
     let m = check_rows("mla_store_kv", kv_a, lay.width())?;
     if positions.len() != m || slots.len() != m || layer >= lay.layers {
         return Err(shape("mla_store_kv", format!("{m} rows, {} positions, {} slots, layer {layer}", positions.len(), slots.len())));
@@ -606,6 +606,34 @@ impl Backend for CudaBackend {
         Ok((qn, qp))
     }
 
+    fn mla_attention_projected(
+        &self,
+        q: &CudaSlice<f32>,
+        (heads, nope, rope_dim): (usize, usize, usize),
+        pool: &mut CudaKvPool,
+        layer: usize,
+        kv_a: &CudaSlice<f32>,
+        norm_w: &CudaSlice<f32>,
+        eps: f32,
+        positions: &[u32],
+        slots: &[u32],
+        rope: &RopeParams,
+        (w_uk_t, w_uv): (&CudaMatrix, &CudaMatrix),
+        rows: &[AttnRow<'_>],
+        scale: f32,
+    ) -> Result<CudaSlice<f32>> {
+        let store = crate::mla::LatentStore { kv_a, norm_w, eps, positions, slots, rope };
+        if let Some((q_lat, q_pe)) = self.rope_store_absorb(q, (heads, nope, rope_dim), pool, layer, &store, w_uk_t, rows)? {
+            if let Some(o) = self.mla_uv_merged(MlaArgs { pool, layer, q_lat: &q_lat, q_pe: &q_pe, heads, rows, scale }, w_uv)? {
+                return Ok(o);
+            }
+            let o_lat = self.mla_attention(pool, layer, &q_lat, &q_pe, heads, rows, scale)?;
+            return self.head_linear(&o_lat, heads, w_uv);
+        }
+        let (q_nope, q_pe) = self.mla_rope_q_store_kv(q, heads, nope, rope_dim, pool, layer, kv_a, norm_w, eps, positions, slots, rope)?;
+        self.mla_attention_heads(pool, layer, &q_nope, &q_pe, w_uk_t, w_uv, heads, rows, scale)
+    }
+
     fn mla_attention(&self, pool: &CudaKvPool, layer: usize, q_lat: &CudaSlice<f32>, q_pe: &CudaSlice<f32>, heads: usize, rows: &[AttnRow<'_>], scale: f32) -> Result<CudaSlice<f32>> {
         let l = pool.layout;
         if q_lat.len() != rows.len() * heads * l.latent_dim || q_pe.len() != rows.len() * heads * l.rope_dim || layer >= l.layers {
@@ -809,14 +837,10 @@ impl CudaBackend {
 
     /// The step arrays a latent store reads (positions, slots) and the rope's frequencies as
     /// bits, for `store_kv*` and `rope_q_store_kv*`.
-    fn store_kv_arrays(&self, positions: &[u32], slots: &[u32], rope: &RopeParams) -> Result<[std::sync::Arc<CudaSlice<u32>>; 3]> {
+    pub(crate) fn store_kv_arrays(&self, positions: &[u32], slots: &[u32], rope: &RopeParams) -> Result<[std::sync::Arc<CudaSlice<u32>>; 3]> {
         Ok([self.step_array(StepArray::Positions, positions)?, self.step_array(StepArray::Slots, slots)?, self.cached_f32_bits(&rope.inv_freq)?])
     }
 
-    /// MoE of the routed experts `first..` this backend holds (all of them unless
-    /// expert-parallel): the device path when the batch fits it (it routes over every expert
-    /// and computes the pairs of the ones held), else routing on the host.
-    #[allow(clippy::too_many_arguments)]
     /// `moe_block` (and `moe_block_routed`, whose router then runs in the routing's launch):
     /// the shared chunks with the routed experts where `moe_fuses_shared`, else apart and added
     /// in the combine.
@@ -845,6 +869,10 @@ impl CudaBackend {
         }
     }
 
+    /// MoE of the routed experts `first..` this backend holds (all of them unless
+    /// expert-parallel): the device path when the batch fits it (it routes over every expert
+    /// and computes the pairs of the ones held), else routing on the host.
+    #[allow(clippy::too_many_arguments)]
     fn moe_held(
         &self,
         x: &CudaSlice<f32>,

@@ -318,6 +318,64 @@ fn rope_q_and_latent_store_in_one_launch_equal_the_two_ops() {
     }
 }
 
+/// A layer's MLA from its projections (`Backend::mla_attention_projected`) with the queries'
+/// absorption in the launch that ropes them and stores the latents (`rope_store_absorb_*`), and
+/// with the split merge inside W_UV's launch too: one and three decoding rows over contexts of
+/// earlier latents, f32 and bf16 caches, 4 and 16 heads, bf16 and fp8 W_UK — the same bits
+/// (values and stored latents) as the ops apart, and the CPU's result.
+#[test]
+fn mla_from_projections_absorbs_beside_the_rope_and_store() {
+    let (mut g, c) = (mock(), CpuBackend::new());
+    let mut r = Rng(37);
+    let (rd, latent, nope, v, ps) = (32, 128, 48, 64, 64usize);
+    let rp = RopeParams { inv_freq: (0..rd / 2).map(|i| 50000f32.powf(-(2.0 * i as f32) / rd as f32)).collect(), attention_factor: 1.1, interleaved: true };
+    let tables: [Vec<u32>; 3] = [vec![2, 5, 0, 7, 1], vec![6, 3], vec![4]];
+    let lens = [300usize, 77, 9];
+    for dtype in [KvDtype::F32, KvDtype::Bf16] {
+        let layout = KvLayout { layers: 2, num_pages: 8, page_size: ps, latent_dim: latent, rope_dim: rd, dtype };
+        let (mut pg, mut pc) = (g.alloc_kv_pool(layout).unwrap(), c.alloc_kv_pool(layout).unwrap());
+        let n = 8 * ps;
+        let slots: Vec<u32> = (0..n as u32).collect();
+        let norm_w = r.vec(latent, 1.0);
+        c.mla_store_kv(&mut pc, 1, &r.vec(n * (latent + rd), 2.0), &norm_w, 1e-6, &slots.iter().map(|s| s % 300).collect::<Vec<_>>(), &slots, &rp).unwrap();
+        let words: Vec<f32> = match dtype {
+            KvDtype::F32 => pc.data.clone(),
+            KvDtype::Bf16 => pc.data.chunks(2).map(|v| f32::from_bits((v[0].to_bits() >> 16) | (v[1].to_bits() & 0xffff_0000))).collect(),
+        };
+        g.stream.memcpy_htod(&words, &mut pg.data).unwrap();
+        for m in [1usize, 3] {
+            let rows: Vec<AttnRow<'_>> = (0..m).map(|i| AttnRow { block_table: &tables[i], ctx_len: lens[i] }).collect();
+            let pos: Vec<u32> = (0..m).map(|i| lens[i] as u32 - 1).collect();
+            let row_slots: Vec<u32> = (0..m).map(|i| tables[i][(lens[i] - 1) / ps] * ps as u32 + ((lens[i] - 1) % ps) as u32).collect();
+            for heads in [4usize, 16] {
+                for fp8 in [false, true] {
+                    let uk = if fp8 {
+                        weft_backend::dummy::DummySpec::new("w_uk_fp8", vec![(heads as u64, heads * latent)], nope, 0.08, Some((128, 128))).host()
+                    } else {
+                        bf16_matrix(&mut r, "w_uk_t", heads * latent, nope)
+                    };
+                    let uv = bf16_matrix(&mut r, "w_uv", heads * v, latent);
+                    let (guk, guv) = (g.upload_matrix(&uk).unwrap(), g.upload_matrix(&uv).unwrap());
+                    let (cuk, cuv) = (c.upload_matrix(&uk).unwrap(), c.upload_matrix(&uv).unwrap());
+                    let (q, kv) = (r.vec(m * heads * (nope + rd), 0.5), r.vec(m * (latent + rd), 2.0));
+                    let want = c.mla_attention_projected(&q, (heads, nope, rd), &mut pc, 1, &kv, &norm_w, 1e-6, &pos, &row_slots, &rp, (&cuk, &cuv), &rows, 0.06).unwrap();
+                    let (qg, kvg, nwg) = (g.upload(&q).unwrap(), g.upload(&kv).unwrap(), g.upload(&norm_w).unwrap());
+                    let mut outs = vec![];
+                    for (absorb, uv_merge) in [(0, 0), (8, 0), (8, 8)] {
+                        (g.mla_absorb_fused, g.mla_uv_merge) = (absorb, uv_merge);
+                        let got = g.download(&g.mla_attention_projected(&qg, (heads, nope, rd), &mut pg, 1, &kvg, &nwg, 1e-6, &pos, &row_slots, &rp, (&guk, &guv), &rows, 0.06).unwrap()).unwrap();
+                        let name = format!("mla_attention_projected ({dtype:?} cache) m={m} {heads} heads fp8 W_UK {fp8}, absorbed with the rope up to {absorb} rows, merged in W_UV up to {uv_merge}");
+                        check(&name, &got, &want, 1e-4);
+                        outs.push((got, g.download(&pg.data).unwrap()));
+                    }
+                    assert!(outs.iter().all(|o| o == &outs[0]), "{dtype:?} m={m} {heads} heads fp8 {fp8}: the fused launches must give the ops' bits, values and stored latents");
+                }
+            }
+        }
+    }
+    (g.mla_absorb_fused, g.mla_uv_merge) = (1, 1);
+}
+
 /// Decode rows' MLA with the merge of the context splits inside W_UV's launch
 /// (`mla_uv_merge_*`): one, three and eight rows of contexts up to 1,000 tokens over a bf16
 /// cache, 4 and 16 heads, bf16 and fp8 W_UV — the same bits as `mla_combine` and then the GEMV,

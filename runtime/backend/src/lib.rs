@@ -373,6 +373,31 @@ pub trait Backend: Send + Sync + 'static {
         self.head_linear(&o_lat, heads, w_uv)
     }
 
+    /// A layer's MLA from its query and latent projections to the heads' values (before
+    /// o_proj): [`Self::mla_rope_q_store_kv`], then [`Self::mla_attention_heads`] — the default.
+    /// A backend may absorb the queries (W_UK) in the pass that ropes them and stores the
+    /// latents.
+    #[allow(clippy::too_many_arguments)]
+    fn mla_attention_projected(
+        &self,
+        q: &Self::Buf,
+        (heads, nope, rope_dim): (usize, usize, usize),
+        pool: &mut Self::KvPool,
+        layer: usize,
+        kv_a: &Self::Buf,
+        norm_w: &Self::Buf,
+        eps: f32,
+        positions: &[u32],
+        slots: &[u32],
+        rope: &RopeParams,
+        (w_uk_t, w_uv): (&Self::Matrix, &Self::Matrix),
+        rows: &[AttnRow<'_>],
+        scale: f32,
+    ) -> Result<Self::Buf> {
+        let (q_nope, q_pe) = self.mla_rope_q_store_kv(q, heads, nope, rope_dim, pool, layer, kv_a, norm_w, eps, positions, slots, rope)?;
+        self.mla_attention_heads(pool, layer, &q_nope, &q_pe, w_uk_t, w_uv, heads, rows, scale)
+    }
+
     // ---- grouped-query attention (draft models with ordinary attention: DFlash) ----
     /// Stores `k` and `v` (`[m, kv_width]` each) at `slots` of `layer`, in a pool laid out as
     /// [`KvLayout::gqa`]: each entry is the K row then the V row.

@@ -251,8 +251,8 @@ impl<B: Backend> DeepseekV3<B> {
                 (be.linear(&qa, q_b_proj)?, kv_a)
             }
         };
-        let (q_nope, q_pe) = be.mla_rope_q_store_kv(&q, heads, c.qk_nope_head_dim, c.qk_rope_head_dim, pool, layer, &kv_a, &a.kv_a_layernorm, eps, batch.positions, batch.slots, &self.rope)?;
-        be.mla_attention_heads(pool, layer, &q_nope, &q_pe, &a.w_uk_t, &a.w_uv, heads, batch.attn, self.scale)
+        let dims = (heads, c.qk_nope_head_dim, c.qk_rope_head_dim);
+        be.mla_attention_projected(&q, dims, pool, layer, &kv_a, &a.kv_a_layernorm, eps, batch.positions, batch.slots, &self.rope, (&a.w_uk_t, &a.w_uv), batch.attn, self.scale)
     }
 
     /// The attention heads' output `o` through `o_proj` (summed over the tensor-parallel
