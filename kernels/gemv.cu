@@ -160,6 +160,43 @@ GEMV_ENTRY(1, 8)
 GEMV_ENTRY(2, 8)
 GEMV_ENTRY(4, 8)
 
+// A projection back to the residual stream and the norm after it in one launch, for a few
+// decoding rows (ops.rs `linear_add_rms_norm`: o_proj and the post-attention norm): the grid
+// computes delta = x · Wᵀ as gemv_body does; the last block to finish (`counter`, reset by it)
+// adds delta into `res` (read past L1: the other blocks wrote it) and writes out = w · res /
+// rms(res) as add_rms_norm does (the same bits). Rows of at most 8 · blockDim.x values, a
+// multiple of 4 (rms_row_v4). One dependent step a layer fewer than the GEMV and the norm.
+template <int KIND, int R>
+__device__ void gemv_add_rms_norm_body(WeightRef W, const float* x, float* delta, u32 m, u32 rows, u32 cols, float* res, const float* nw, float* out, float eps, u32* counter) {
+    __shared__ float sh[BLOCK];
+    const u32 warps = blockDim.x / WEFT_WARP;
+    if (threadIdx.x == 0) prefetch_rows<KIND>(W, blockIdx.x * warps * R, warps * R, rows, cols);
+    WEFT_PDL_ENTRY();
+    const u32 r0 = (blockIdx.x * warps + threadIdx.x / WEFT_WARP) * R;
+    if (r0 < rows) gemv_rows<KIND, R, 1>(W, x, cols, delta, m, rows, cols, r0);
+    if (!last_block_of(counter, gridDim.x)) return;
+    const volatile float* dv = delta;
+    for (u32 t = 0; t < m; t++) {
+        float* rt = res + (i64)t * rows;
+        for (u32 j = threadIdx.x; j < rows; j += blockDim.x) rt[j] += dv[(i64)t * rows + j];
+        __syncthreads();
+        rms_row_v4<false>(rt, 0, 0, nw, out + (i64)t * rows, rows, eps, sh);
+    }
+    if (threadIdx.x == 0) *counter = 0u;
+}
+#define GEMV_NORM_ENTRY(R)                                                                                              \
+    extern "C" __global__ void gemv_add_rms_norm_bf16_r##R(const u16* w, const float* x, float* delta, u32 m, u32 rows, u32 cols, float* res, const float* nw, float* out, float eps, u32* counter) { \
+        WeightRef W = {w, 0, 0, 1, 1};                                                                                  \
+        gemv_add_rms_norm_body<WK_BF16, R>(W, x, delta, m, rows, cols, res, nw, out, eps, counter);                     \
+    }                                                                                                                   \
+    extern "C" __global__ void gemv_add_rms_norm_fp8_r##R(const unsigned char* w, const float* sc, u32 sc_cols, u32 br, u32 bc, const float* x, float* delta, u32 m, u32 rows, u32 cols, float* res, const float* nw, float* out, float eps, u32* counter) { \
+        WeightRef W = {w, sc, sc_cols, br, bc};                                                                         \
+        gemv_add_rms_norm_body<WK_FP8, R>(W, x, delta, m, rows, cols, res, nw, out, eps, counter);                      \
+    }
+GEMV_NORM_ENTRY(1)
+GEMV_NORM_ENTRY(2)
+GEMV_NORM_ENTRY(4)
+
 // Two weights of the same kind and width on the same activation rows in one launch (an
 // attention block's query and latent projections of the normed hidden state): blocks below b1
 // = ceil(rows1 / (sub-groups · R)) take the first weight into out1, the rest the second.

@@ -10,20 +10,6 @@
 // (v, i) beats (w, j) when larger, ties to the lower index (the CPU reference's order).
 __device__ __forceinline__ bool beats(float v, int i, float w, int j) { return v > w || (v == w && i < j); }
 
-// Whether the calling block is the last of `n` to get here, counted in the device-wide
-// `counter` (the last one resets it when done); its writes before the call are visible to that
-// block, and after it that block sees the others' (read what they wrote past L1).
-__device__ __forceinline__ bool last_block_of(u32* counter, u32 n) {
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == n - 1;
-    __syncthreads();
-    const bool is_last = last;
-    if (is_last) __threadfence();
-    return is_last;
-}
-
 // The block routes token `tok`: ids[t*(K+S) + j], w[t*(K+S) + j] for the K selected
 // experts, then the S shared-expert slots every token takes with weight 1 (ids E..E+S: the
 // shared experts' intermediate chunks, run with the routed ones; S = 0 when they run apart).

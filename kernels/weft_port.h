@@ -57,6 +57,20 @@ __device__ __forceinline__ float block_max(float v, float* sh) {
     return r;
 }
 
+// Whether the calling block is the last of `n` to get here, counted in the device-wide
+// `counter` (the last one resets it when done); its writes before the call are visible to that
+// block, and after it that block sees the others' (read what they wrote past L1).
+__device__ __forceinline__ bool last_block_of(u32* counter, u32 n) {
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == n - 1;
+    __syncthreads();
+    const bool is_last = last;
+    if (is_last) __threadfence();
+    return is_last;
+}
+
 // No NVIDIA inline PTX: a HIP build, or the CPU emulator (kernels/emu, which defines WEFT_EMU).
 #if defined(__HIPCC_RTC__) || defined(__HIP_DEVICE_COMPILE__) || defined(WEFT_EMU)
 #define WEFT_NO_PTX 1

@@ -155,6 +155,9 @@ fn mma_variant(m: usize, fp8: bool) -> usize {
 }
 /// Kernels by [rows per sub-group 1/2/4][activation rows per pass 1 / GEMV_TB].
 const GEMV_BF16: [[&str; 2]; 3] = [["gemv_bf16_r1_t1", "gemv_bf16_r1_t8"], ["gemv_bf16_r2_t1", "gemv_bf16_r2_t8"], ["gemv_bf16_r4_t1", "gemv_bf16_r4_t8"]];
+/// `gemv_add_rms_norm_*` by [bf16, fp8][rows per sub-group 1 / 2 / 4].
+const GEMV_NORM: [[&str; 3]; 2] =
+    [["gemv_add_rms_norm_bf16_r1", "gemv_add_rms_norm_bf16_r2", "gemv_add_rms_norm_bf16_r4"], ["gemv_add_rms_norm_fp8_r1", "gemv_add_rms_norm_fp8_r2", "gemv_add_rms_norm_fp8_r4"]];
 const GEMV_FP8: [[&str; 2]; 3] = [["gemv_fp8_r1_t1", "gemv_fp8_r1_t8"], ["gemv_fp8_r2_t1", "gemv_fp8_r2_t8"], ["gemv_fp8_r4_t1", "gemv_fp8_r4_t8"]];
 /// Two weights in one launch (`gemv_pair`), by [bf16, fp8][rows per sub-group][rows per pass].
 const GEMV2: [[[&str; 2]; 3]; 2] = [
@@ -220,6 +223,49 @@ impl CudaBackend {
             }
         }
         Ok(out)
+    }
+
+    /// `x · wᵀ` added into `residual` and its RMSNorm in one launch (`gemv_add_rms_norm_*`:
+    /// the last block to finish the GEMV adds and norms) for at most `gemv_norm_fused` rows
+    /// whose product takes the CUDA-core weight-streaming path and whose rows `rms_row_v4` takes
+    /// in one block (a multiple of 4, at most 8 values a thread); `None` where it does not apply.
+    pub(crate) fn gemv_add_rms_norm(
+        &self,
+        x: &CudaSlice<f32>,
+        w: &CudaMatrix,
+        residual: &mut CudaSlice<f32>,
+        (dim, weight, eps): (usize, &CudaSlice<f32>, f32),
+        m: usize,
+    ) -> Result<Option<CudaSlice<f32>>> {
+        let fits = (1..=self.gemv_norm_fused).contains(&m)
+            && w.f32_data.is_none()
+            && w.rows == dim
+            && dim % 4 == 0
+            && dim <= 8 * THREADS as usize
+            && residual.len() == m * dim
+            && weight.len() == dim
+            && self.gemv_fits(w, m)
+            && !self.gemv_mma_fits(w, m, w.rows);
+        if !fits {
+            return Ok(None);
+        }
+        let mut delta = self.out(m * dim)?;
+        let mut out = self.out(m * dim)?;
+        let warps = (THREADS / crate::SUBGROUP) as usize;
+        let r = rows_per_subgroup(w.rows, w.rows, m, self.num_sms);
+        let cfg = LaunchConfig { grid_dim: (w.rows.div_ceil(warps * r) as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        let (m32, rows, cols) = (m as u32, w.rows as u32, w.cols as u32);
+        let counter = self.gemv_counter.lock().unwrap();
+        let name = GEMV_NORM[w.fp8.is_some() as usize][r.trailing_zeros() as usize];
+        let mut l = self.stream.launch_builder(self.func(name));
+        let grid = w.fp8.as_ref().map(|f| (f, f.grid_cols(w.cols) as u32, f.block_rows as u32, f.block_cols as u32));
+        match &grid {
+            Some((f, sc_cols, br, bc)) => l.arg(&f.bytes).arg(&f.scales).arg(sc_cols).arg(br).arg(bc),
+            None => l.arg(&w.data),
+        };
+        l.arg(x).arg(&mut delta).arg(&m32).arg(&rows).arg(&cols).arg(residual).arg(weight).arg(&mut out).arg(&eps).arg(&*counter);
+        unsafe { l.launch(cfg) }.map_err(dev)?;
+        Ok(Some(out))
     }
 
     /// Whether `a` and `b` on the same `m` rows go through one weight-streaming launch

@@ -169,6 +169,12 @@ pub const KERNELS: &[&str] = &[
     "gemv_gated_fp8_t1",
     "gemv_gated_bf16_t8",
     "gemv_gated_fp8_t8",
+    "gemv_add_rms_norm_bf16_r1",
+    "gemv_add_rms_norm_bf16_r2",
+    "gemv_add_rms_norm_bf16_r4",
+    "gemv_add_rms_norm_fp8_r1",
+    "gemv_add_rms_norm_fp8_r2",
+    "gemv_add_rms_norm_fp8_r4",
     "gemv_f32_t1",
     "gemv_f32_t8",
     "dequant_fp8_bf16",
@@ -410,6 +416,11 @@ pub struct CudaBackend {
     /// 4096; 16 (one row × 1024) 2× slower, as a merging thread reads the other splits one
     /// after another (round 27).
     pub mla_merge: usize,
+    /// Decode batches of at most this many rows take a projection back to the residual stream
+    /// and the norm after it (`linear_add_rms_norm`: o_proj, the post-attention norm) in one
+    /// launch (`gemv_add_rms_norm_*`: the GEMV's last block adds and norms;
+    /// `WEFT_CUDA_GEMV_NORM_FUSED`, default 1; 0: never).
+    pub gemv_norm_fused: usize,
     /// Decode batches of at most this many rows absorb their queries (W_UK) in the launch that
     /// ropes them and stores the latents (`rope_store_absorb_*`, mla.cu) instead of a GEMV
     /// after it (`WEFT_CUDA_MLA_ABSORB_FUSED`, default 1; 0: never). Only where W_UK takes the
@@ -544,6 +555,8 @@ pub struct CudaBackend {
     /// `moe_down_combine_*`'s counters, one a tile of down rows (`moe::MOE_SEM`); zero between
     /// launches (each tile's last block resets its own).
     moe_sem: Mutex<CudaSlice<u32>>,
+    /// `gemv_add_rms_norm_*`'s count of finished blocks (zero between launches).
+    gemv_counter: Mutex<CudaSlice<u32>>,
     /// cuBLAS's workspace (kept alive while the handle uses it).
     #[cfg(feature = "cuda")]
     _blas_workspace: CudaSlice<u8>,
@@ -745,6 +758,7 @@ impl CudaBackend {
         let moe_counter = stream.alloc_zeros::<u32>(1).map_err(dev)?;
         let mla_sem = stream.alloc_zeros::<u32>(2 * num_sms).map_err(dev)?;
         let moe_sem = stream.alloc_zeros::<u32>(moe::MOE_SEM).map_err(dev)?;
+        let gemv_counter = stream.alloc_zeros::<u32>(1).map_err(dev)?;
         #[cfg(feature = "cuda")]
         keep_pool_memory(&ctx);
         let blas = std::panic::catch_unwind(|| CudaBlas::new(stream.clone())).map_err(|_| unavailable("cuBLAS could not be loaded".into()))?.map_err(dev)?;
@@ -807,6 +821,7 @@ impl CudaBackend {
             mla_grouped: std::env::var("WEFT_CUDA_MLA_GROUPED").map_or(true, |v| v != "0"),
             mla_wgmma: wgmma_setting.map_or(Some(2), |n| Some(n).filter(|&n| (1..=6).contains(&n))).filter(|_| mma && arch == "sm_90a"),
             mla_wgmma_max_heads: if wgmma_setting.is_some() { usize::MAX } else { mla::WG_DEFAULT_MAX_HEADS },
+            gemv_norm_fused: std::env::var("WEFT_CUDA_GEMV_NORM_FUSED").ok().and_then(|v| v.parse().ok()).unwrap_or(1),
             mla_absorb_fused: std::env::var("WEFT_CUDA_MLA_ABSORB_FUSED").ok().and_then(|v| v.parse().ok()).unwrap_or(1),
             mla_uv_merge: std::env::var("WEFT_CUDA_MLA_UV_MERGE").ok().and_then(|v| v.parse().ok()).unwrap_or(1),
             mla_merge: std::env::var("WEFT_CUDA_MLA_MERGE").ok().and_then(|v| v.parse().ok()).unwrap_or(2),
@@ -835,6 +850,7 @@ impl CudaBackend {
             moe_counter: Mutex::new(moe_counter),
             mla_sem: Mutex::new(mla_sem),
             moe_sem: Mutex::new(moe_sem),
+            gemv_counter: Mutex::new(gemv_counter),
             #[cfg(feature = "cuda")]
             _blas_workspace: blas_workspace,
             capturing: std::sync::atomic::AtomicBool::new(false),

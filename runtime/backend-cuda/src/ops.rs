@@ -485,6 +485,9 @@ impl Backend for CudaBackend {
                 crate::halves::Product::Whole(delta) => self.add_rms_norm(residual, &delta, dim, weight, eps),
             };
         }
+        if let Some(out) = self.gemv_add_rms_norm(x, w, residual, (dim, weight, eps), m)? {
+            return Ok(out);
+        }
         let delta = self.linear(x, w)?;
         self.add_rms_norm(residual, &delta, dim, weight, eps)
     }

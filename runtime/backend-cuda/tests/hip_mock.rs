@@ -318,6 +318,42 @@ fn rope_q_and_latent_store_in_one_launch_equal_the_two_ops() {
     }
 }
 
+/// o_proj and the post-attention norm in one launch (`linear_add_rms_norm` through
+/// `gemv_add_rms_norm_*`: the GEMV's last block adds and norms): one and two rows, rows of 256
+/// and 2048 values, bf16 and fp8 weights — the same bits (output and residual) as the GEMV and
+/// `add_rms_norm` apart, and the CPU's result.
+#[test]
+fn projection_and_norm_in_one_launch() {
+    let (mut g, c) = (mock(), CpuBackend::new());
+    let mut r = Rng(41);
+    for (dim, cols) in [(256usize, 512usize), (2048, 256)] {
+        for fp8 in [false, true] {
+            let w = if fp8 { weft_backend::dummy::DummySpec::new("o_fp8", vec![(dim as u64, dim)], cols, 0.08, Some((128, 128))).host() } else { bf16_matrix(&mut r, "o_proj", dim, cols) };
+            let (wg, wc) = (g.upload_matrix(&w).unwrap(), c.upload_matrix(&w).unwrap());
+            let nw = r.vec(dim, 1.0);
+            let nwg = g.upload(&nw).unwrap();
+            for m in [1usize, 2] {
+                let (x, res) = (r.vec(m * cols, 1.0), r.vec(m * dim, 1.0));
+                let mut rc = res.clone();
+                let want = c.linear_add_rms_norm(&x, &wc, &mut rc, dim, &nw, 1e-5).unwrap();
+                let xg = g.upload(&x).unwrap();
+                let mut outs = vec![];
+                for fused in [0, 8] {
+                    g.gemv_norm_fused = fused;
+                    let mut rg = g.upload(&res).unwrap();
+                    let got = g.download(&g.linear_add_rms_norm(&xg, &wg, &mut rg, dim, &nwg, 1e-5).unwrap()).unwrap();
+                    let rgot = g.download(&rg).unwrap();
+                    check(&format!("linear_add_rms_norm dim {dim} fp8 {fp8} m={m} fused up to {fused}"), &got, &want, 1e-5);
+                    check(&format!("its residual, dim {dim} fp8 {fp8} m={m} fused up to {fused}"), &rgot, &rc, 1e-5);
+                    outs.push((got, rgot));
+                }
+                assert!(outs[0] == outs[1], "dim {dim} fp8 {fp8} m={m}: one launch must give the GEMV's and the norm's bits");
+            }
+        }
+    }
+    g.gemv_norm_fused = 1;
+}
+
 /// A layer's MLA from its projections (`Backend::mla_attention_projected`) with the queries'
 /// absorption in the launch that ropes them and stores the latents (`rope_store_absorb_*`), and
 /// with the split merge inside W_UV's launch too: one and three decoding rows over contexts of
