@@ -165,7 +165,8 @@ GEMV_ENTRY(4, 8)
 // computes delta = x · Wᵀ as gemv_body does; the last block to finish (`counter`, reset by it)
 // adds delta into `res` (read past L1: the other blocks wrote it) and writes out = w · res /
 // rms(res) as add_rms_norm does (the same bits). Rows of at most 8 · blockDim.x values, a
-// multiple of 4 (rms_row_v4). One dependent step a layer fewer than the GEMV and the norm.
+// multiple of 4 (rms_row_v4). One dependent step a layer fewer than the GEMV and the norm;
+// measured slower on an H100 (round 29), off unless asked for.
 template <int KIND, int R>
 __device__ void gemv_add_rms_norm_body(WeightRef W, const float* x, float* delta, u32 m, u32 rows, u32 cols, float* res, const float* nw, float* out, float eps, u32* counter) {
     __shared__ float sh[BLOCK];

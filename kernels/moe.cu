@@ -250,26 +250,17 @@ extern "C" __global__ void moe_route_plan(const float* logits, const float* bias
 // rows_dot as in gemv_f32, so the logits are those of `linear` — into `logits [m, E]`; the
 // last block to finish (`counter`, reset by it) routes the tokens in turn and plans, as
 // moe_route_plan does. One dependent step a layer fewer than the router's GEMV and then the
-// routing; the last block's serial routing limits it to a few tokens (moe.rs).
+// routing, but measured slower on an H100 with programmatic edges (round 29: the last block's
+// fence, count and serial tail cost more than the edge), so off unless asked for (moe.rs).
 extern "C" __global__ void moe_router_route_plan(const float* wr, const float* x, u32 m, u32 hidden, float* logits, const float* bias, u32 E, u32 K, u32 S, u32 n_group, u32 topk_group, int norm, float scaling, u32* ids, float* wts, u32 first, u32 held, u32 maxa, u32* plan, u32* counter) {
     const u32 warps = blockDim.x / WEFT_WARP;
     const u32 r = blockIdx.x * warps + threadIdx.x / WEFT_WARP;
     WeightRef W = {wr, 0, 0, 1, 1};
     if (threadIdx.x == 0) prefetch_rows<WK_F32>(W, blockIdx.x * warps, warps, E, hidden);
     WEFT_PDL_ENTRY();
-    if (r < E) {
-        u32 rix[1] = {r};
-        for (u32 t0 = 0; t0 < m; t0 += GEMV_TB) {
-            u32 idx[GEMV_TB];
-#pragma unroll
-            for (int t = 0; t < GEMV_TB; t++) idx[t] = t0 + t;
-            float acc[1][GEMV_TB];
-            const u32 nt = min((u32)GEMV_TB, m - t0);
-            rows_dot<WK_F32, 1, GEMV_TB>(W, rix, 1, hidden, x, hidden, idx, nt, acc);
-            if (threadIdx.x % WEFT_WARP == 0)
-                for (u32 t = 0; t < nt; t++) logits[(i64)(t0 + t) * E + r] = acc[0][t];
-        }
-    }
+    // One activation row a pass for a single token (gemv_f32_t1's shape), GEMV_TB for more.
+    if (r < E && m == 1) gemv_rows<WK_F32, 1, 1>(W, x, hidden, logits, 1, E, hidden, r);
+    else if (r < E) gemv_rows<WK_F32, 1, GEMV_TB>(W, x, hidden, logits, m, E, hidden, r);
     if (!last_block_of(counter, gridDim.x)) return;
     for (u32 t = 0; t < m; t++) {
         route_token(logits, bias, E, K, S, n_group, topk_group, norm, scaling, ids, wts, t);
@@ -442,7 +433,8 @@ extern "C" __global__ void moe_combine(const float* __restrict__ y, const float*
 // rows; past its rows' products a block counts itself in `sem[tile]`, and the last of the
 // tile's blocks sums the tile's rows of every token's slots as moe_combine does (the same
 // order and bits; y read past L1, written by the other blocks of the launch), then resets the
-// counter. One dependent step a layer fewer than the down products and then moe_combine.
+// counter. One dependent step a layer fewer than the down products and then moe_combine;
+// measured slower on an H100 (round 29), off unless asked for.
 template <int FP8>
 __device__ void moe_down_combine_body(ExpertTable T, const u32* plan, u32 maxa, const float* h, float* y, u32 hidden, u32 inter, const float* wts, const u32* ids, u32 E, u32 S, u32 first, u32 held, const float* add, int has_add, float* out, u32 m, u32 k, u32* sem) {
     moe_down_body<FP8, 1>(T, plan, maxa, h, y, hidden, inter);

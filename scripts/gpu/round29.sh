@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # On the GPU machine (binaries from scripts/gpu/build_device.sh in .device/): round 29
-# (results/roofline-h200.md) — fewer dependent steps a decoding layer: the MoE router's product
-# in the routing's launch (moe_router_route_plan; WEFT_CUDA_MOE_ROUTER_FUSED, default 1 token),
-# MLA's split merge inside W_UV's launch (mla_uv_merge_*; WEFT_CUDA_MLA_UV_MERGE, default 1
-# row) and a single token's expert down products with their combine (moe_down_combine_*;
-# WEFT_CUDA_MOE_DOWN_COMBINE), each against the ops apart (=0), same binary. PART (space-separated): tests — the
-# step-graph test, the golden fixtures, the MoE kernel tests; e2e — Moonlight (BATCH × CTX) and,
-# in round 1, the Kimi-K2 slice end to end over a bf16 cache, the SETS (commas become spaces)
-# alternated ROUNDS times; trace — the kernel trace (WEFT_TRACE, `roofline --trace`) of a
-# replayed step, Moonlight at batch 1 (and TRACE_SETS), with TRACE_KIMI the Kimi-K2 slice too.
-# Output: $OUT/round29.md.
+# (results/roofline-h200.md) — fewer dependent launches a decoding layer: the queries' W_UK
+# product beside their rope and the latent store (rope_store_absorb_*;
+# WEFT_CUDA_MLA_ABSORB_FUSED, rows), MLA's split merge inside W_UV's launch (mla_uv_merge_*;
+# WEFT_CUDA_MLA_UV_MERGE), and three last-block fusions — the router with the routing
+# (moe_router_route_plan; WEFT_CUDA_MOE_ROUTER_FUSED), a single token's down products with their
+# combine (moe_down_combine_*; WEFT_CUDA_MOE_DOWN_COMBINE), o_proj with the post-attention norm
+# (gemv_add_rms_norm_*; WEFT_CUDA_GEMV_NORM_FUSED) — each against the ops apart and all five apart
+# ($OFF), same binary. Run 1 was a build of 3312365, where all five were on by default (WEFT_X=1
+# meant that); now only the first two are, the last three measured slower. PART
+# (space-separated): tests — the step-graph test, the golden fixtures, the MoE kernel tests;
+# e2e — Moonlight (BATCH × CTX) and, in round 1, the Kimi-K2 slice end to end over a bf16 cache,
+# the SETS (commas become spaces; later rounds only the default and $OFF) alternated ROUNDS
+# times; trace — the kernel trace (WEFT_TRACE, `roofline --trace`) of a replayed step, Moonlight
+# at batch 1 (and TRACE_SETS), with TRACE_KIMI the Kimi-K2 slice too. Output: $OUT/round29.md.
 set -uo pipefail
 export OUT=${OUT:-.device/out}; mkdir -p "$OUT"
 R="$OUT/round29.md"

@@ -419,17 +419,20 @@ pub struct CudaBackend {
     /// Decode batches of at most this many rows take a projection back to the residual stream
     /// and the norm after it (`linear_add_rms_norm`: o_proj, the post-attention norm) in one
     /// launch (`gemv_add_rms_norm_*`: the GEMV's last block adds and norms;
-    /// `WEFT_CUDA_GEMV_NORM_FUSED`, default 1; 0: never).
+    /// `WEFT_CUDA_GEMV_NORM_FUSED`, default 0: never). Measured slower (round 29, H100: 9.0 µs a
+    /// layer on the chain against 7.3 for o_proj's GEMV and the norm).
     pub gemv_norm_fused: usize,
     /// Decode batches of at most this many rows absorb their queries (W_UK) in the launch that
     /// ropes them and stores the latents (`rope_store_absorb_*`, mla.cu) instead of a GEMV
     /// after it (`WEFT_CUDA_MLA_ABSORB_FUSED`, default 1; 0: never). Only where W_UK takes the
-    /// CUDA-core weight-streaming path.
+    /// CUDA-core weight-streaming path. Round 29 (H100): 3.4 µs a layer on the chain against 5.4
+    /// for the two launches; Moonlight batch 1 2.95 → 2.90 ms with the merge below.
     pub mla_absorb_fused: usize,
     /// Decode batches of at most this many rows merge MLA's context splits inside W_UV's launch
     /// (`mla_uv_merge_*`, mla.cu: each block merges its head's splits, then its rows' GEMV)
     /// instead of `mla_combine` and then the GEMV (`WEFT_CUDA_MLA_UV_MERGE`, default 1; 0:
-    /// never). Only where W_UV takes the CUDA-core weight-streaming path.
+    /// never). Only where W_UV takes the CUDA-core weight-streaming path. Round 29 (H100): 5.5 µs
+    /// a layer on the chain against ~6 for the two launches (within noise end to end).
     pub mla_uv_merge: usize,
     /// Fewest activation rows the dense tensor-core kernels take (2; `WEFT_CUDA_MMA_MIN_M`).
     pub mma_min_m: usize,
@@ -510,11 +513,14 @@ pub struct CudaBackend {
     /// Batches of at most this many tokens take the MoE router's product in the routing's own
     /// launch (`moe_router_route_plan`: a sub-group a router row, the last block to finish
     /// routing every token in turn and planning) instead of a GEMV before it
-    /// (`WEFT_CUDA_MOE_ROUTER_FUSED`, default 1; 0: never).
+    /// (`WEFT_CUDA_MOE_ROUTER_FUSED`, default 0: never). Measured slower (round 29, H100 with
+    /// programmatic edges: 14.5 µs a layer on the chain against 9.1 for the two launches — the
+    /// last block's fence, count and serial tail cost more than the edge it saves).
     pub moe_router_fused: usize,
     /// A single decoding token's expert down products and their combine run in one launch
     /// (`moe_down_combine_*`: the last block of each tile of rows sums the tile's rows;
-    /// `WEFT_CUDA_MOE_DOWN_COMBINE=0`: the down kernel, then `moe_combine`).
+    /// `WEFT_CUDA_MOE_DOWN_COMBINE=1`). Off by default: measured slower (round 29, H100: 24.2 µs
+    /// a layer on the chain against 22.0 for the down kernel and `moe_combine`).
     pub moe_down_combine: bool,
     /// Two weights on the same rows (`linear_pair`) share one weight-streaming launch where both
     /// take the CUDA-core path (`WEFT_CUDA_GEMV_PAIR=0`: two launches, for comparisons).
@@ -821,7 +827,7 @@ impl CudaBackend {
             mla_grouped: std::env::var("WEFT_CUDA_MLA_GROUPED").map_or(true, |v| v != "0"),
             mla_wgmma: wgmma_setting.map_or(Some(2), |n| Some(n).filter(|&n| (1..=6).contains(&n))).filter(|_| mma && arch == "sm_90a"),
             mla_wgmma_max_heads: if wgmma_setting.is_some() { usize::MAX } else { mla::WG_DEFAULT_MAX_HEADS },
-            gemv_norm_fused: std::env::var("WEFT_CUDA_GEMV_NORM_FUSED").ok().and_then(|v| v.parse().ok()).unwrap_or(1),
+            gemv_norm_fused: std::env::var("WEFT_CUDA_GEMV_NORM_FUSED").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             mla_absorb_fused: std::env::var("WEFT_CUDA_MLA_ABSORB_FUSED").ok().and_then(|v| v.parse().ok()).unwrap_or(1),
             mla_uv_merge: std::env::var("WEFT_CUDA_MLA_UV_MERGE").ok().and_then(|v| v.parse().ok()).unwrap_or(1),
             mla_merge: std::env::var("WEFT_CUDA_MLA_MERGE").ok().and_then(|v| v.parse().ok()).unwrap_or(2),
@@ -832,8 +838,8 @@ impl CudaBackend {
             moe_gemm_tokens: std::env::var("WEFT_CUDA_MOE_GEMM_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(16),
             moe_grouped: std::env::var("WEFT_CUDA_MOE_GROUPED").map_or(true, |v| v != "0"),
             moe_shared_fused: std::env::var("WEFT_CUDA_MOE_SHARED_FUSED").ok().and_then(|v| v.parse().ok()).unwrap_or(8),
-            moe_router_fused: std::env::var("WEFT_CUDA_MOE_ROUTER_FUSED").ok().and_then(|v| v.parse().ok()).unwrap_or(1),
-            moe_down_combine: std::env::var("WEFT_CUDA_MOE_DOWN_COMBINE").map_or(true, |v| v != "0"),
+            moe_router_fused: std::env::var("WEFT_CUDA_MOE_ROUTER_FUSED").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
+            moe_down_combine: std::env::var("WEFT_CUDA_MOE_DOWN_COMBINE").is_ok_and(|v| v != "0"),
             gemv_pair: std::env::var("WEFT_CUDA_GEMV_PAIR").map_or(true, |v| v != "0"),
             // Not on HIP: its stand-in GEMM (kernels/gemm.cu) is slower than the decode kernel.
             // The mock build has the path for tests, off unless they turn it on.

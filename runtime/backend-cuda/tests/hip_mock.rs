@@ -351,7 +351,7 @@ fn projection_and_norm_in_one_launch() {
             }
         }
     }
-    g.gemv_norm_fused = 1;
+    g.gemv_norm_fused = 0;
 }
 
 /// A layer's MLA from its projections (`Backend::mla_attention_projected`) with the queries'
@@ -730,7 +730,7 @@ fn moe_router_runs_in_the_routing_launch() {
             }
         }
     }
-    (g.moe_router_fused, g.moe_down_combine, g.moe_shared_fused) = (1, true, 8);
+    (g.moe_router_fused, g.moe_down_combine, g.moe_shared_fused) = (0, false, 8);
 }
 
 /// The sampling front end on the device (token edits, temperature, top-K, log-sum-exp): the
