@@ -6,11 +6,12 @@
 //! order. The launch grids are sized for the worst case (every selected expert distinct, every
 //! expert's last tile partial), so nothing waits for the host.
 
+use crate::ops::cfg;
 use crate::precision::TokenParts;
 use crate::{dev, CudaBackend, CudaMatrix};
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchArgs, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
-use weft_backend::{ExpertWeights, Result, RouterConfig};
+use weft_backend::{Backend, ExpertWeights, Result, RouterConfig};
 
 const THREADS: u32 = 256;
 const MAX_EXPERTS: usize = 1024;
@@ -513,6 +514,115 @@ impl CudaBackend {
         let per = if hidden % 4 == 0 { 4 } else { 1 };
         let blocks = m * hidden.div_ceil(per * combine_threads as usize);
         unsafe { l.launch(LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (combine_threads, 1, 1), shared_mem_bytes: 0 }) }.map_err(dev)?;
+        Ok(out)
+    }
+
+    /// `moe_block` (and `moe_block_routed`, whose router then runs in the routing's launch):
+    /// the shared chunks with the routed experts where `moe_fuses_shared`, else apart and added
+    /// in the combine.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn moe_block_gated(
+        &self,
+        x: &CudaSlice<f32>,
+        gate: Gate<'_>,
+        bias: &CudaSlice<f32>,
+        cfg_r: &RouterConfig,
+        (experts, first): (&[ExpertWeights<CudaMatrix>], usize),
+        shared: &[ExpertWeights<CudaMatrix>],
+        m: usize,
+        hidden: usize,
+    ) -> Result<CudaSlice<f32>> {
+        if shared.iter().all(|w| w.gate_up.cols == hidden) && self.moe_fuses_shared(cfg_r, experts, shared, m) {
+            return self.moe_on_device(x, gate, bias, cfg_r, experts, first, m, hidden, Shared::Fused(shared));
+        }
+        let sum = Backend::shared_experts(self, x, shared)?;
+        match gate {
+            Gate::Logits(logits) => self.moe_held(x, logits, bias, cfg_r, experts, first, sum.as_ref()),
+            Gate::Router(_) => {
+                weft_backend::check_moe_shared(sum.as_ref().map(|s| s.len()), x.len())?;
+                self.moe_on_device(x, gate, bias, cfg_r, experts, first, m, hidden, Shared::Output(sum.as_ref()))
+            }
+        }
+    }
+
+    /// MoE of the routed experts `first..` this backend holds (all of them unless
+    /// expert-parallel): the device path when the batch fits it (it routes over every expert
+    /// and computes the pairs of the ones held), else routing on the host.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn moe_held(
+        &self,
+        x: &CudaSlice<f32>,
+        gate_logits: &CudaSlice<f32>,
+        bias: &CudaSlice<f32>,
+        cfg_r: &RouterConfig,
+        experts: &[ExpertWeights<CudaMatrix>],
+        first: usize,
+        shared: Option<&CudaSlice<f32>>,
+    ) -> Result<CudaSlice<f32>> {
+        let m = crate::ops::check_rows("moe", gate_logits.len(), cfg_r.n_experts)?;
+        let hidden = crate::ops::check_rows("moe", x.len(), m.max(1))?;
+        weft_backend::check_moe_shared(shared.map(|s| s.len()), x.len())?;
+        if !experts.is_empty() && self.moe_on_device_fits(cfg_r, experts, m) {
+            return self.moe_on_device(x, Gate::Logits(gate_logits), bias, cfg_r, experts, first, m, hidden, Shared::Output(shared));
+        }
+        let mut out = self.moe_host_routed(x, gate_logits, bias, cfg_r, experts, first, m, hidden)?;
+        if let Some(s) = shared {
+            self.add_inplace(&mut out, s)?;
+        }
+        Ok(out)
+    }
+
+    /// MoE with routing on the host (batches past the device path, and expert-parallel ranks
+    /// holding experts `first..first + experts.len()`): the batched GEMMs of `moe_grouped.rs`
+    /// for bf16 experts, else one GEMM pair per active expert, scattered back with the routing
+    /// weights.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn moe_host_routed(
+        &self,
+        x: &CudaSlice<f32>,
+        gate_logits: &CudaSlice<f32>,
+        bias: &CudaSlice<f32>,
+        cfg_r: &RouterConfig,
+        experts: &[ExpertWeights<CudaMatrix>],
+        first: usize,
+        m: usize,
+        hidden: usize,
+    ) -> Result<CudaSlice<f32>> {
+        let e = cfg_r.n_experts;
+        // Routing on the host (small: m × n_experts), experts on the device.
+        let logits = self.download(gate_logits)?;
+        let bias_h = self.download(bias)?;
+        // Indexed by this rank's experts (all of them unless expert-parallel).
+        let mut assigned: Vec<Vec<(u32, f32)>> = vec![Vec::new(); experts.len()];
+        for (t, r) in weft_backend::cpu::route_all(&logits[..m * e], &bias_h, cfg_r).into_iter().enumerate() {
+            for (ex, w) in r {
+                if (first..first + experts.len()).contains(&ex) {
+                    assigned[ex - first].push((t as u32, w));
+                }
+            }
+        }
+        #[cfg(feature = "cuda")]
+        if m > 0 && self.moe_grouped_fits(experts) {
+            return self.moe_grouped(x, &assigned, experts, m, hidden, cfg_r.top_k, experts.len() == e);
+        }
+        let mut out = self.stream.alloc_zeros::<f32>((m * hidden).max(1)).map_err(dev)?;
+        let d = hidden as u32;
+        for (ex, toks) in assigned.iter().enumerate() {
+            if toks.is_empty() {
+                continue;
+            }
+            let ids: Vec<u32> = toks.iter().map(|t| t.0).collect();
+            let wts: Vec<f32> = toks.iter().map(|t| t.1).collect();
+            let xs = self.gather_rows(x, hidden, &ids)?;
+            let w = &experts[ex];
+            let gu = self.linear(&xs, &w.gate_up)?;
+            let h = self.silu_mul(&gu, w.inter)?;
+            let y = self.linear(&h, &w.down)?;
+            let (tb, wb) = (self.up_u32(&ids)?, self.up_f32(&wts)?);
+            let mut l = self.stream.launch_builder(self.func("scatter_add_weighted"));
+            l.arg(&y).arg(&tb).arg(&wb).arg(&mut out).arg(&d);
+            unsafe { l.launch(cfg(ids.len(), 0)) }.map_err(dev)?;
+        }
         Ok(out)
     }
 }
