@@ -182,36 +182,43 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_decode_bf16(const u16* 
 // mla_wgmma.cu `mlh_store`, which must match these bits).
 __device__ __forceinline__ float mla_split_weight(float m, float M) { return m == -WEFT_INF ? 0.f : expf(m - M); }
 
-// Block (row·head, column chunk): merges the splits' partial outputs for blockDim.x latent
-// columns of one row and head (columns in chunks, so that a single decoding row still spreads
-// over many SMs). The splits' weights exp(m_s - M) / L are computed once per block, in
-// parallel, into shared memory (dynamic: blockDim.x floats of reduction scratch, then nsplit
-// weights); each column then sums independent loads over the splits.
-extern "C" __global__ void mla_combine(const float* o_part, const float* ml_part, float* out, u32 nsplit, u32 latent) { WEFT_PDL_ENTRY();
-    WEFT_DYNAMIC_SHARED(float, smem);
-    float* red = smem;
-    float* wsh = smem + blockDim.x;
-    i64 rh = blockIdx.x;
-    const float* ml = ml_part + rh * nsplit * 2;
+// The merge of one row·head's `nsplit` context splits (`ml`: their (max, sum) pairs): each
+// split's weight exp(m_s − M) into `wsh` (nsplit floats, shared), computed once in parallel,
+// and the block's total L = Σ w_s l_s returned to every thread (`red`: blockDim.x floats of
+// scratch). Column d of the merged output is then mla_merged_col / L. mla_combine and W_UV's
+// merge (mla_uv_merge_body) both take these, so their bits agree.
+__device__ __forceinline__ float mla_split_weights(const float* ml, u32 nsplit, float* wsh, float* red) {
     float mx = -WEFT_INF;
     for (u32 s = threadIdx.x; s < nsplit; s += blockDim.x) mx = fmaxf(mx, ml[2 * s]);
-    float M = block_max(mx, red);
+    const float M = block_max(mx, red);
     float l = 0.f;
     for (u32 s = threadIdx.x; s < nsplit; s += blockDim.x) {
-        float m = ml[2 * s];
-        float e = mla_split_weight(m, M);
+        const float e = mla_split_weight(ml[2 * s], M);
         wsh[s] = e;
         l += e * ml[2 * s + 1];
     }
-    float L = block_sum(l, red);
-    const float* o = o_part + rh * nsplit * latent;
-    for (u32 d = blockIdx.y * blockDim.x + threadIdx.x; d < min(latent, (blockIdx.y + 1) * blockDim.x); d += blockDim.x) {
-        // Unrolled so that 16 loads are in flight before their sums need them.
-        float a = 0.f;
+    return block_sum(l, red);
+}
+// Σ_s wsh[s] · o[s, d] over the splits' partials (`latent` wide), unrolled so that 16 loads are
+// in flight before their sums need them.
+__device__ __forceinline__ float mla_merged_col(const float* o, const float* wsh, u32 nsplit, u32 latent, u32 d) {
+    float a = 0.f;
 #pragma unroll 16
-        for (u32 s = 0; s < nsplit; s++) a += wsh[s] * o[(i64)s * latent + d];
-        out[rh * latent + d] = a / L;
-    }
+    for (u32 s = 0; s < nsplit; s++) a += wsh[s] * o[(i64)s * latent + d];
+    return a;
+}
+
+// Block (row·head, column chunk): merges the splits' partial outputs for blockDim.x latent
+// columns of one row and head (columns in chunks, so that a single decoding row still spreads
+// over many SMs). Dynamic shared memory: blockDim.x floats of reduction scratch, then nsplit
+// weights.
+extern "C" __global__ void mla_combine(const float* o_part, const float* ml_part, float* out, u32 nsplit, u32 latent) { WEFT_PDL_ENTRY();
+    WEFT_DYNAMIC_SHARED(float, smem);
+    const i64 rh = blockIdx.x;
+    const float L = mla_split_weights(ml_part + rh * nsplit * 2, nsplit, smem + blockDim.x, smem);
+    const float* o = o_part + rh * nsplit * latent;
+    for (u32 d = blockIdx.y * blockDim.x + threadIdx.x; d < min(latent, (blockIdx.y + 1) * blockDim.x); d += blockDim.x)
+        out[rh * latent + d] = mla_merged_col(o, smem + blockDim.x, nsplit, latent, d) / L;
 }
 
 // rope_q_store_kv and the queries' absorption (W_UK, per head `latent` rows of `nope` columns)
@@ -274,24 +281,9 @@ __device__ void mla_uv_merge_body(WeightRef W, const float* o_part, const float*
     const u32 heads = rows / group_rows, g = b0 / group_rows;
     for (u32 t = 0; t < m; t++) {
         const i64 rh = (i64)t * heads + g;
-        const float* ml = ml_part + rh * nsplit * 2;
-        float mx = -WEFT_INF;
-        for (u32 s = threadIdx.x; s < nsplit; s += blockDim.x) mx = fmaxf(mx, ml[2 * s]);
-        const float M = block_max(mx, red);
-        float l = 0.f;
-        for (u32 s = threadIdx.x; s < nsplit; s += blockDim.x) {
-            const float e = mla_split_weight(ml[2 * s], M);
-            wsh[s] = e;
-            l += e * ml[2 * s + 1];
-        }
-        const float L = block_sum(l, red);
+        const float L = mla_split_weights(ml_part + rh * nsplit * 2, nsplit, wsh, red);
         const float* o = o_part + rh * nsplit * cols;
-        for (u32 d = threadIdx.x; d < cols; d += blockDim.x) {
-            float a = 0.f;
-#pragma unroll 16
-            for (u32 s = 0; s < nsplit; s++) a += wsh[s] * o[(i64)s * cols + d];
-            xs[(i64)t * cols + d] = a / L;
-        }
+        for (u32 d = threadIdx.x; d < cols; d += blockDim.x) xs[(i64)t * cols + d] = mla_merged_col(o, wsh, nsplit, cols, d) / L;
         __syncthreads();
     }
     const u32 r0 = b0 + threadIdx.x / WEFT_WARP * R;

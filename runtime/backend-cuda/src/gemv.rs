@@ -60,17 +60,17 @@ const GEMV_GATED_MMA: [[&str; 3]; 2] = [["gemv_gated_mma_bf16_n1", "gemv_gated_m
 
 /// The kernel arguments a weight contributes: its bf16 data, or its fp8 bytes, scales and
 /// scale grid (columns, block rows, block columns).
-struct WeightArgs<'a> {
+pub(crate) struct WeightArgs<'a> {
     w: &'a CudaMatrix,
     grid: [u32; 3],
 }
 
 impl<'a> WeightArgs<'a> {
-    fn new(w: &'a CudaMatrix) -> Self {
+    pub(crate) fn new(w: &'a CudaMatrix) -> Self {
         let grid = w.fp8.as_ref().map_or([0; 3], |f| [f.grid_cols(w.cols) as u32, f.block_rows as u32, f.block_cols as u32]);
         WeightArgs { w, grid }
     }
-    fn push(&'a self, l: &mut LaunchArgs<'a>) {
+    pub(crate) fn push(&'a self, l: &mut LaunchArgs<'a>) {
         match &self.w.fp8 {
             None => l.arg(&self.w.data),
             Some(f) => l.arg(&f.bytes).arg(&f.scales).arg(&self.grid[0]).arg(&self.grid[1]).arg(&self.grid[2]),
@@ -258,11 +258,8 @@ impl CudaBackend {
         let counter = self.gemv_counter.lock().unwrap();
         let name = GEMV_NORM[w.fp8.is_some() as usize][r.trailing_zeros() as usize];
         let mut l = self.stream.launch_builder(self.func(name));
-        let grid = w.fp8.as_ref().map(|f| (f, f.grid_cols(w.cols) as u32, f.block_rows as u32, f.block_cols as u32));
-        match &grid {
-            Some((f, sc_cols, br, bc)) => l.arg(&f.bytes).arg(&f.scales).arg(sc_cols).arg(br).arg(bc),
-            None => l.arg(&w.data),
-        };
+        let wa = WeightArgs::new(w);
+        wa.push(&mut l);
         l.arg(x).arg(&mut delta).arg(&m32).arg(&rows).arg(&cols).arg(residual).arg(weight).arg(&mut out).arg(&eps).arg(&*counter);
         unsafe { l.launch(cfg) }.map_err(dev)?;
         Ok(Some(out))

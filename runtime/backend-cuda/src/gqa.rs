@@ -2,7 +2,7 @@
 //! rows into a [`weft_backend::KvLayout::gqa`] pool and attending over it (`kv_store_rows`,
 //! `gqa_attention` in `kernels/weft.cu`), and joining buffers end to end.
 
-use crate::graphs::{pack_tables, StepArray};
+use crate::graphs::StepArray;
 use crate::{dev, CudaBackend, CudaKvPool};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use weft_backend::{AttnRow, BackendError, Result};
@@ -40,8 +40,7 @@ impl CudaBackend {
         if rows.is_empty() {
             return Ok(out);
         }
-        let [bt, off, ctx] = pack_tables(rows);
-        let (btb, offb, ctxb) = (self.step_array(StepArray::Tables, &bt)?, self.step_array(StepArray::Offsets, &off)?, self.step_array(StepArray::Lens, &ctx)?);
+        let [btb, offb, ctxb] = self.row_tables(rows)?;
         let view = pool.layer(layer);
         let (h, g, d32, kw, ps) = (heads as u32, (heads / kv_heads) as u32, d as u32, (l.latent_dim / 2) as u32, l.page_size as u32);
         let mut b = self.stream.launch_builder(self.func("gqa_attention"));

@@ -166,6 +166,13 @@ impl CudaBackend {
         self.cached_u32(v)
     }
 
+    /// The attention rows' packed block tables, their offsets and visible lengths
+    /// (`pack_tables`) as step arrays on the device.
+    pub(crate) fn row_tables(&self, rows: &[AttnRow<'_>]) -> Result<[Arc<CudaSlice<u32>>; 3]> {
+        let [bt, off, ctx] = pack_tables(rows);
+        Ok([self.step_array(StepArray::Tables, &bt)?, self.step_array(StepArray::Offsets, &off)?, self.step_array(StepArray::Lens, &ctx)?])
+    }
+
     /// The context length the MLA split is sized for: the bucket while recording.
     pub(crate) fn split_context(&self, longest: usize) -> usize {
         self.recording.lock().unwrap().as_ref().map_or(longest, |r| r.ctx_bucket.max(longest))

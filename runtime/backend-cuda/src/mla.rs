@@ -2,6 +2,7 @@
 //! splits sized so the whole GPU is busy even for one decoding sequence) and the merge of the
 //! splits. The single-pass kernel in `weft.cu` remains for shapes this one does not take.
 
+use crate::gemv::WeightArgs;
 use crate::{dev, CudaBackend, CudaKvPool, CudaMatrix};
 use cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
 use weft_backend::{AttnRow, Result, RopeParams};
@@ -417,9 +418,7 @@ impl CudaBackend {
         if !self.mla_gemm_runs(rows).is_empty() {
             return Ok(None);
         }
-        let [bt, off, ctx] = crate::graphs::pack_tables(rows);
-        use crate::graphs::StepArray;
-        let (btb, offb, ctxb) = (self.step_array(StepArray::Tables, &bt)?, self.step_array(StepArray::Offsets, &off)?, self.step_array(StepArray::Lens, &ctx)?);
+        let [btb, offb, ctxb] = self.row_tables(rows)?;
         let (o, ml, nsplit) = match self.mla_split_parts(a, [&btb.slice(..), &offb.slice(..), &ctxb.slice(..)], true)? {
             MlaOut::Merged(o_lat) => return weft_backend::Backend::head_linear(self, &o_lat, heads, w_uv).map(Some),
             MlaOut::Parts { o, ml, nsplit } => (o, ml, nsplit),
@@ -431,11 +430,8 @@ impl CudaBackend {
         let (m32, rows32, cols, grp, ns) = (m as u32, w_uv.rows as u32, w_uv.cols as u32, (w_uv.rows / heads) as u32, nsplit as u32);
         let name = UV_MERGE[w_uv.fp8.is_some() as usize][r.trailing_zeros() as usize][(m > 1) as usize];
         let mut b = self.stream.launch_builder(self.func(name));
-        let fp8 = w_uv.fp8.as_ref().map(|f| (f.grid_cols(w_uv.cols) as u32, f.block_rows as u32, f.block_cols as u32));
-        match (&w_uv.fp8, &fp8) {
-            (Some(f), Some((sc_cols, br, bc))) => b.arg(&f.bytes).arg(&f.scales).arg(sc_cols).arg(br).arg(bc),
-            _ => b.arg(&w_uv.data),
-        };
+        let wa = WeightArgs::new(w_uv);
+        wa.push(&mut b);
         b.arg(&o).arg(&ml).arg(&mut out).arg(&m32).arg(&rows32).arg(&cols).arg(&grp).arg(&ns);
         unsafe { b.launch(cfg) }.map_err(dev)?;
         Ok(Some(out))
@@ -505,12 +501,8 @@ impl CudaBackend {
         let mut view = pool.layer_mut(layer);
         let mut l = self.stream.launch_builder(self.func(name));
         l.arg(&mut view).arg(q).arg(&mut q_lat).arg(&mut q_pe).arg(st.kv_a).arg(st.norm_w).arg(pb).arg(sb).arg(fb);
-        let grid = |f: &crate::Fp8Weight| (f.grid_cols(w_uk_t.cols) as u32, f.block_rows as u32, f.block_cols as u32);
-        let scales = w_uk_t.fp8.as_ref().map(|f| (f, grid(f)));
-        match &scales {
-            Some((f, (sc_cols, br, bc))) => l.arg(&f.bytes).arg(&f.scales).arg(sc_cols).arg(br).arg(bc),
-            None => l.arg(&w_uk_t.data),
-        };
+        let wa = WeightArgs::new(w_uk_t);
+        wa.push(&mut l);
         l.arg(&m32).arg(&h).arg(&n).arg(&lat).arg(&rd).arg(&st.eps).arg(&st.rope.attention_factor).arg(&inter);
         let warps = (THREADS / crate::SUBGROUP) as usize;
         let blocks = m * (heads + 1) + w_uk_t.rows.div_ceil(warps * r);

@@ -2,7 +2,7 @@
 //! the small host-side arrays each op takes (ids, positions, slots, block tables), kernel
 //! launches and cuBLAS calls.
 
-use crate::graphs::{pack_tables, StepArray};
+use crate::graphs::StepArray;
 use crate::mla::MlaArgs;
 use crate::moe::Gate;
 use crate::{dev, CudaBackend, CudaKvPool, CudaMatrix, Fp8Weight};
@@ -651,8 +651,7 @@ impl Backend for CudaBackend {
                 return self.mla_with_runs(a, &runs);
             }
         }
-        let [bt, off, ctx] = pack_tables(rows);
-        let (btb, offb, ctxb) = (self.step_array(StepArray::Tables, &bt)?, self.step_array(StepArray::Offsets, &off)?, self.step_array(StepArray::Lens, &ctx)?);
+        let [btb, offb, ctxb] = self.row_tables(rows)?;
         self.mla_kernels(a, [&btb.slice(..), &offb.slice(..), &ctxb.slice(..)])
     }
 
