@@ -139,6 +139,9 @@ __device__ void gemv_body(WeightRef W, const float* x, float* out, u32 m, u32 ro
     // while the previous kernel finishes.
     if (threadIdx.x == 0) prefetch_rows<KIND>(W, b * warps * R, warps * R, rows, cols);
     WEFT_PDL_ENTRY();
+    // f32 is the MoE router (a comparison mode aside): the routing's launch in now, so that the
+    // one after it (the experts, whose shared chunks need only x) comes in early too (moe.cu).
+    if (KIND == WK_F32) WEFT_PDL_TRIGGER();
     u32 r0 = (b * warps + threadIdx.x / WEFT_WARP) * R;
     if (r0 >= rows) return;
     gemv_rows<KIND, R, T>(W, x + (i64)(r0 / group_rows) * cols, xstride, out, m, rows, cols, r0);

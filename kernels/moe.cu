@@ -231,7 +231,12 @@ __device__ void plan_one_token(const u32* ids, u32 n, u32 E, u32 S, u32 first, u
 // Routing and the plan in one launch: one block per token routes it; the last block to finish
 // (a device-wide counter, reset by that block for the next launch) makes the plan. A single
 // token (one block) plans its own entries at once (`plan_one_token`) without the counter.
-extern "C" __global__ void moe_route_plan(const float* logits, const float* bias, u32 E, u32 K, u32 S, u32 n_group, u32 topk_group, int norm, float scaling, u32* ids, float* wts, u32 first, u32 held, u32 maxa, u32* plan, u32* counter) { WEFT_PDL_ENTRY();
+extern "C" __global__ void moe_route_plan(const float* logits, const float* bias, u32 E, u32 K, u32 S, u32 n_group, u32 topk_group, int norm, float scaling, u32* ids, float* wts, u32 first, u32 held, u32 maxa, u32* plan, u32* counter, int early) {
+    // `early` (the logits made from x by the launch before, moe.rs Gate::LogitsOfX): the
+    // experts' launch in now; its shared-chunk blocks need only x, complete once the router
+    // passed its wait (which let this launch in); its other blocks wait for this one.
+    if (early) WEFT_PDL_TRIGGER();
+    WEFT_PDL_ENTRY();
     route_token(logits, bias, E, K, S, n_group, topk_group, norm, scaling, ids, wts, blockIdx.x);
 #ifndef WEFT_ROUTE_PLAN_COUNTER
     if (gridDim.x == 1 && K + S <= (u32)MOE_MAX_ONE && K + S <= (u32)blockDim.x) {
@@ -258,6 +263,7 @@ extern "C" __global__ void moe_router_route_plan(const float* wr, const float* x
     WeightRef W = {wr, 0, 0, 1, 1};
     if (threadIdx.x == 0) prefetch_rows<WK_F32>(W, blockIdx.x * warps, warps, E, hidden);
     WEFT_PDL_ENTRY();
+    WEFT_PDL_TRIGGER();  // the experts' shared-chunk blocks need only x (moe_gate_up_body)
     // One activation row a pass for a single token (gemv_f32_t1's shape), GEMV_TB for more.
     if (r < E && m == 1) gemv_rows<WK_F32, 1, 1>(W, x, hidden, logits, 1, E, hidden, r);
     else if (r < E) gemv_rows<WK_F32, 1, GEMV_TB>(W, x, hidden, logits, m, E, hidden, r);
@@ -294,31 +300,49 @@ __device__ __forceinline__ WeightRef expert_ref(ExpertTable T, u32 e) {
 #ifndef MOE_DOWN_U
 #define MOE_DOWN_U (8 / MOE_DOWN_ROWS) // MOE_DOWN_ROWS is defined below, before its use
 #endif
-// h[entry, r] = silu(gate_r · x[token]) * (up_r · x[token]) for the active expert of block
-// blockIdx.x / tiles; one sub-group per row r of its tile. gate_up is [2*inter, hidden].
-template <int FP8, int NT>
-__device__ void moe_gate_up_body(ExpertTable T, const u32* plan, u32 maxa, const float* x, float* h, u32 k, u32 hidden, u32 inter) {
-    u32 warps = blockDim.x / WEFT_WARP;
-    u32 tiles = (inter + warps - 1) / warps;
-    u32 a = blockIdx.x / tiles;
-    if (a >= plan[0]) return;
-    u32 r = (blockIdx.x % tiles) * warps + threadIdx.x / WEFT_WARP;
-    if (r >= inter) return;
-    WeightRef W = expert_ref(T, plan[1 + a]);
-    const u32* off = plan + 1 + maxa;
-    const u32* ent = plan + 2 + 2 * maxa;
-    for (u32 i0 = off[a]; i0 < off[a + 1]; i0 += NT) {
-        u32 nt = min((u32)NT, off[a + 1] - i0);
+// h[entry, r] = silu(gate_r · x[token]) * (up_r · x[token]) of one expert's entries (nt <= NT
+// of them at a time: `entry(i)` for i < count, token entry / k); one sub-group per row r.
+template <int FP8, int NT, typename Entry>
+__device__ __forceinline__ void gate_up_rows(WeightRef W, u32 count, Entry entry, const float* x, float* h, u32 k, u32 hidden, u32 inter, u32 r) {
+    for (u32 i0 = 0; i0 < count; i0 += NT) {
+        u32 nt = min((u32)NT, count - i0);
         u32 tok[NT];
 #pragma unroll
-        for (int t = 0; t < NT; t++) tok[t] = t < nt ? ent[i0 + t] / k : 0;
+        for (int t = 0; t < NT; t++) tok[t] = t < nt ? entry(i0 + t) / k : 0;
         // The gate row and the up row together: one read of each activation chunk for both.
         float acc[2][NT];
         u32 rix[2] = {r, inter + r};
         rows_dot<FP8, 2, NT, MOE_GU_U>(W, rix, 2, hidden, x, hidden, tok, nt, acc);
         if (threadIdx.x % WEFT_WARP == 0)
-            for (u32 t = 0; t < nt; t++) h[(i64)ent[i0 + t] * inter + r] = acc[0][t] / (1.0f + expf(-acc[0][t])) * acc[1][t];
+            for (u32 t = 0; t < nt; t++) h[(i64)entry(i0 + t) * inter + r] = acc[0][t] / (1.0f + expf(-acc[0][t])) * acc[1][t];
     }
+}
+
+// The gate|up products of the plan's experts; gate_up is [2*inter, hidden], one sub-group per
+// row of a block's tile. The S shared chunks (local experts held..held+S, the plan's last S
+// active experts, taken by every one of the m tokens at slots k-S..k-1) are static: blocks
+// below S · tiles take them without the plan and *before* the wait — the routing kernels
+// trigger this launch early (moe_route_plan at its start, the router's GEMV past its wait,
+// WEFT_PDL_TRIGGER), so these blocks stream the shared chunks while the router and the routing
+// run; x was written before the router passed its wait, and nothing the running kernels use
+// aliases h. The blocks after them wait, then take the plan's routed experts (active expert
+// blockIdx.x / tiles - S). Same products and bits as in plan order.
+template <int FP8, int NT>
+__device__ void moe_gate_up_body(ExpertTable T, const u32* plan, u32 maxa, const float* x, float* h, u32 k, u32 hidden, u32 inter, u32 m, u32 S, u32 held) {
+    u32 warps = blockDim.x / WEFT_WARP;
+    u32 tiles = (inter + warps - 1) / warps;
+    u32 r = (blockIdx.x % tiles) * warps + threadIdx.x / WEFT_WARP;
+    if (blockIdx.x < S * tiles) {
+        const u32 s = blockIdx.x / tiles, slot = k - S + s;
+        if (r < inter) gate_up_rows<FP8, NT>(expert_ref(T, held + s), m, [=](u32 i) { return i * k + slot; }, x, h, k, hidden, inter, r);
+        return;
+    }
+    WEFT_PDL_ENTRY();
+    u32 a = blockIdx.x / tiles - S;
+    if (a + S >= plan[0] || r >= inter) return;
+    const u32* off = plan + 1 + maxa;
+    const u32* ent = plan + 2 + 2 * maxa + off[a];
+    gate_up_rows<FP8, NT>(expert_ref(T, plan[1 + a]), off[a + 1] - off[a], [=](u32 i) { return ent[i]; }, x, h, k, hidden, inter, r);
 }
 
 // y[entry, r] = down_r · h[entry] (down is [hidden, inter]). Each sub-group takes
@@ -356,13 +380,13 @@ __device__ void moe_down_body(ExpertTable T, const u32* plan, u32 maxa, const fl
 
 // NT: entries per pass (1 when every active expert serves one entry: a single decoding token).
 #define MOE_ENTRY(T)                                                                                                    \
-    extern "C" __global__ void moe_gate_up_bf16_t##T(const u64* w, const u32* plan, u32 maxa, const float* x, float* h, u32 k, u32 hidden, u32 inter) { WEFT_PDL_ENTRY(); \
+    extern "C" __global__ void moe_gate_up_bf16_t##T(const u64* w, const u32* plan, u32 maxa, const float* x, float* h, u32 k, u32 hidden, u32 inter, u32 m, u32 S, u32 held) { \
         ExpertTable Tb = {w, w, 0, 1, 1};                                                                               \
-        moe_gate_up_body<0, T>(Tb, plan, maxa, x, h, k, hidden, inter);                                                 \
+        moe_gate_up_body<0, T>(Tb, plan, maxa, x, h, k, hidden, inter, m, S, held);                                     \
     }                                                                                                                   \
-    extern "C" __global__ void moe_gate_up_fp8_t##T(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, const float* x, float* h, u32 k, u32 hidden, u32 inter) { WEFT_PDL_ENTRY(); \
+    extern "C" __global__ void moe_gate_up_fp8_t##T(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, const float* x, float* h, u32 k, u32 hidden, u32 inter, u32 m, u32 S, u32 held) { \
         ExpertTable Tb = {w, sc, sc_cols, br, bc};                                                                      \
-        moe_gate_up_body<1, T>(Tb, plan, maxa, x, h, k, hidden, inter);                                                 \
+        moe_gate_up_body<1, T>(Tb, plan, maxa, x, h, k, hidden, inter, m, S, held);                                     \
     }                                                                                                                   \
     extern "C" __global__ void moe_down_bf16_t##T(const u64* w, const u32* plan, u32 maxa, const float* h, float* y, u32 hidden, u32 inter) { WEFT_PDL_ENTRY(); \
         ExpertTable Tb = {w, w, 0, 1, 1};                                                                               \

@@ -203,6 +203,17 @@ __device__ __forceinline__ void weft_trace(const char* f) {
 #else
 #define WEFT_PDL_ENTRY() do { asm volatile("griddepcontrol.wait;" ::: "memory"); WEFT_TRACE_HERE(); } while (0)
 #endif
+// Launch the next grid now rather than as this one's blocks exit (every block must reach it or
+// exit): for a kernel whose successor has work that does not depend on it (moe.cu: the shared
+// experts' gate|up during the router and the routing). A kernel triggering before its own wait
+// lets the next one in while the one before it still runs: only where that next one reads
+// nothing newer than the grid before this one's wait. WEFT_NO_EARLY_TRIGGER drops it (for
+// comparisons).
+#ifndef WEFT_NO_EARLY_TRIGGER
+#define WEFT_PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define WEFT_PDL_TRIGGER() ((void)0)
+#endif
 // `bytes` from `p` (both multiples of 16) towards L2, by the calling thread, without waiting.
 __device__ __forceinline__ void weft_prefetch_l2(const void* p, u32 bytes) {
 #ifndef WEFT_NO_PREFETCH
@@ -211,6 +222,7 @@ __device__ __forceinline__ void weft_prefetch_l2(const void* p, u32 bytes) {
 }
 #else
 #define WEFT_PDL_ENTRY() WEFT_TRACE_HERE()
+#define WEFT_PDL_TRIGGER() ((void)0)
 __device__ __forceinline__ void weft_prefetch_l2(const void*, u32) {}
 #endif
 // cp.async: 16 bytes from global to shared memory without passing through registers (`bytes`

@@ -113,7 +113,7 @@ int main() {
         const unsigned n = M * KS, maxa = std::min(tab, n);
         std::vector<u32> ids(n), plan(2 + 2 * maxa + n + 1 + 2 * (n / MOE_TILE_ROWS + maxa), 0xdeadbeefu), counter(1, 0);
         std::vector<float> wts(n);
-        emu_launch(M, 1, 256, [&] { moe_route_plan(logits.data(), bias.data(), E, K, c.S, 1, 1, 1, 2.5f, ids.data(), wts.data(), c.first, c.held, maxa, plan.data(), counter.data()); });
+        emu_launch(M, 1, 256, [&] { moe_route_plan(logits.data(), bias.data(), E, K, c.S, 1, 1, 1, 2.5f, ids.data(), wts.data(), c.first, c.held, maxa, plan.data(), counter.data(), 1); });
         const u32* tl = plan.data() + 2 + 2 * maxa + n;
         unsigned most = 0;
         for (unsigned a = 0; a < plan[0]; a++) most = std::max(most, plan[2 + maxa + a] - plan[1 + maxa + a]);

@@ -123,12 +123,16 @@ pub(crate) enum Shared<'a> {
     Fused(&'a [ExpertWeights<CudaMatrix>]),
 }
 
-/// Where the routing's logits come from: computed before (`linear` of the router), or the
-/// router's f32 weights, multiplied in the routing kernel's own launch
-/// (`moe_router_route_plan`; `CudaBackend::router_fuses`).
+/// Where the routing's logits come from: computed before (`linear` of the router); made from x
+/// by the launch just before the routing's (`moe_block_routed`'s router GEMV: then the routing
+/// kernel brings the experts' launch in early, whose shared-chunk blocks read x while the
+/// router and the routing run — moe.cu `moe_gate_up_body`; only sound when x was complete
+/// before that launch began); or the router's f32 weights, multiplied in the routing kernel's
+/// own launch (`moe_router_route_plan`; `CudaBackend::router_fuses`).
 #[derive(Clone, Copy)]
 pub(crate) enum Gate<'a> {
     Logits(&'a CudaSlice<f32>),
+    LogitsOfX(&'a CudaSlice<f32>),
     Router(&'a CudaSlice<f32>),
 }
 
@@ -337,7 +341,7 @@ impl CudaBackend {
         let (m32, h32) = (m as u32, hidden as u32);
         let mut logits = match gate {
             Gate::Router(_) => Some(self.out(m * e)?),
-            Gate::Logits(_) => None,
+            Gate::Logits(_) | Gate::LogitsOfX(_) => None,
         };
         let mut l = self.stream.launch_builder(self.func(if logits.is_some() { "moe_router_route_plan" } else { "moe_route_plan" }));
         let route_grid = match gate {
@@ -345,12 +349,17 @@ impl CudaBackend {
                 l.arg(w).arg(x).arg(&m32).arg(&h32).arg(logits.as_mut().expect("allocated above"));
                 e.div_ceil((THREADS / crate::SUBGROUP) as usize) as u32
             }
-            Gate::Logits(g) => {
+            Gate::Logits(g) | Gate::LogitsOfX(g) => {
                 l.arg(g);
                 m as u32
             }
         };
+        // moe_route_plan triggers the experts' launch at its start when x is known complete.
+        let early = matches!(gate, Gate::LogitsOfX(_)) as i32;
         l.arg(bias).arg(&e32).arg(&top32).arg(&s32).arg(&ng).arg(&tg).arg(&norm).arg(&sc).arg(&mut ids).arg(&mut wts).arg(&first32).arg(&held32).arg(&maxa32).arg(&mut plan).arg(&*counter);
+        if !matches!(gate, Gate::Router(_)) {
+            l.arg(&early);
+        }
         unsafe { l.launch(LaunchConfig { grid_dim: (route_grid, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }) }.map_err(dev)?;
         drop(counter);
         drop(logits);
@@ -376,6 +385,11 @@ impl CudaBackend {
         let mut l = self.stream.launch_builder(self.func(EXPERT_KERNELS[0][fp8][path as usize]));
         tables.push(&mut l, false);
         l.arg(&plan).arg(&maxa32).arg(x).arg(&mut h).arg(&k32).arg(&h32).arg(&i32_);
+        // The weight-streaming kernels take the shared chunks in their first blocks, from x
+        // alone (before their wait): the tokens, the chunks and where they start in the table.
+        if path != Path::Mma {
+            l.arg(&m32).arg(&s32).arg(&held32);
+        }
         unsafe { l.launch(gu_grid) }.map_err(dev)?;
         let mut y = self.out(n * hidden)?;
         // A single token's down products and combine in one launch (the last block of each
@@ -537,7 +551,7 @@ impl CudaBackend {
         }
         let sum = Backend::shared_experts(self, x, shared)?;
         match gate {
-            Gate::Logits(logits) => self.moe_held(x, logits, bias, cfg_r, experts, first, sum.as_ref()),
+            Gate::Logits(logits) | Gate::LogitsOfX(logits) => self.moe_held(x, logits, bias, cfg_r, experts, first, sum.as_ref()),
             Gate::Router(_) => {
                 weft_backend::check_moe_shared(sum.as_ref().map(|s| s.len()), x.len())?;
                 self.moe_on_device(x, gate, bias, cfg_r, experts, first, m, hidden, Shared::Output(sum.as_ref()))

@@ -767,8 +767,12 @@ impl Backend for CudaBackend {
         let m = if hidden == 0 { 0 } else { x.len() / hidden };
         let fuses = x.len() == m * hidden && router.rows == cfg_r.n_experts && self.router_fuses(router, cfg_r, experts, m);
         let Some(w) = router.f32_data.as_ref().filter(|_| fuses) else {
+            // The logits made from x by the launch just before the routing's (Gate::LogitsOfX).
             let logits = self.linear(x, router)?;
-            return self.moe_block(x, &logits, bias, cfg_r, experts, first, shared);
+            weft_backend::check_local_experts(first, experts.len(), cfg_r, bias.len())?;
+            let m = check_rows("moe", logits.len(), cfg_r.n_experts)?;
+            let hidden = check_rows("moe", x.len(), m.max(1))?;
+            return self.moe_block_gated(x, Gate::LogitsOfX(&logits), bias, cfg_r, (experts, first), shared, m, hidden);
         };
         weft_backend::check_local_experts(first, experts.len(), cfg_r, bias.len())?;
         self.moe_block_gated(x, Gate::Router(w), bias, cfg_r, (experts, first), shared, m, hidden)

@@ -85,10 +85,23 @@ impl Rng {
     }
 }
 
+/// The largest difference, where a NaN on either side counts as infinite (`f32::max` would
+/// drop it: with poisoned allocations an unwritten output is NaN and must fail).
+fn worst_gap(got: &[f32], want: &[f32]) -> f32 {
+    got.iter().zip(want).fold(0f32, |m, (a, b)| {
+        let d = (a - b).abs();
+        if d.is_nan() {
+            f32::INFINITY
+        } else {
+            m.max(d)
+        }
+    })
+}
+
 fn check(op: &str, got: &[f32], want: &[f32], tol: f32) {
     assert_eq!(got.len(), want.len(), "{op}: length");
     let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
-    let err = got.iter().zip(want).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale;
+    let err = worst_gap(got, want) / scale;
     eprintln!("{op}: rel err {err:.2e}");
     assert!(err <= tol, "{op}: relative error {err} > {tol}");
 }
@@ -537,7 +550,7 @@ fn mla_prefill_runs_decompressed_and_absorbed() {
 fn rows_err(got: &[f32], want: &[f32], width: usize, rows: std::ops::Range<usize>) -> f32 {
     let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
     let r = rows.start * width..rows.end * width;
-    got[r.clone()].iter().zip(&want[r]).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale
+    worst_gap(&got[r.clone()], &want[r]) / scale
 }
 
 /// Inside a step (`run_step`), prompt rows in long runs take one bf16 activation part and the

@@ -89,7 +89,8 @@ fn replayed_steps_equal_op_by_op_steps() {
         let i = i % plan.len();
         assert_eq!(x.len(), y.len());
         let scale = y.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let worst = x.iter().zip(y).fold(0f32, |m, (p, q)| m.max((p - q).abs()));
+        // (A NaN on either side is infinitely far: `f32::max` alone would drop it.)
+        let worst = x.iter().zip(y).fold(0f32, |m, (p, q)| if (p - q).is_nan() { f32::INFINITY } else { m.max((p - q).abs()) });
         assert!(worst.is_finite() && worst <= 1e-4 * scale.max(1.0), "step {i} ({:?}): differs by {worst} (scale {scale})", plan[i]);
     }
     let st = graphs.model.backend.graph_stats();

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# On the GPU machine (binaries from scripts/gpu/build_device.sh in .device/): round 30
+# (results/roofline-h200.md) — the shared experts' gate|up while the router and the routing run:
+# the experts' launch comes in early (moe_route_plan triggers it at its start, the router's f32
+# GEMV past its wait) and its first blocks take the shared chunks from x without waiting
+# (moe_gate_up_body). `WEFT_CUDA_KERNEL_DEFINES=WEFT_NO_EARLY_TRIGGER` drops the triggers (the
+# blocks then start as the routing drains: the order before). COMBINE (a settings word, empty by
+# default) is passed through for a later A/B. PART (space-separated): tests — the step-graph
+# test, the golden fixtures, the MoE kernel tests; e2e — Moonlight (BATCH × CTX) and the
+# Kimi-K2 slice, the SETS alternated ROUNDS times; trace — the kernel trace of a replayed step
+# (Moonlight batch 1, each TRACE_SETS setting). Output: $OUT/round30.md.
+set -uo pipefail
+export OUT=${OUT:-.device/out}; mkdir -p "$OUT"
+R="$OUT/round30.md"
+P=" ${PART:-tests e2e trace} "
+OFF=WEFT_CUDA_KERNEL_DEFINES=WEFT_NO_EARLY_TRIGGER
+SETS=(${SETS:-WEFT_X=1 $OFF})
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee -a "$R"
+if [[ $P == *" tests "* ]]; then
+  for s in WEFT_X=1 ${TEST_SETS:-}; do
+    for t in "step_graphs" "kernels golden" "kernels_moe"; do
+      echo "== cuda-$t-test ($s)" | tee -a "$R"
+      env ${s//,/ } timeout 200 .device/cuda-${t% *}-test --test-threads 1 $([[ $t == *" "* ]] && echo ${t#* }) 2>&1 | grep -E "^test |test result|panicked|assert" | cut -c1-400 | tee -a "$R"
+    done
+  done
+fi
+[[ $P == *" e2e "* ]] && for r in $(seq 1 ${ROUNDS:-2}); do
+  for s in "${SETS[@]}"; do
+    t0=$(date +%s)
+    echo "== moonlight bf16 cache ($s, round $r)" | tee -a "$R"
+    env ${s//,/ } timeout 120 .device/roofline models/dummy/moonlight-16b-a3b --dummy --batch ${BATCH:-1,8,64} --ctx ${CTX:-1024} --prefill 16 --steps 4 --kv-cache-dtype bf16 2>&1 | grep -E "^\| [0-9]|panicked|rror" | tee -a "$R"
+    if [[ $r == 1 && -n ${KIMI:-1} ]]; then
+      echo "== kimi-k2 slice bf16 cache ($s, round $r)" | tee -a "$R"
+      env ${s//,/ } timeout 100 .device/roofline models/dummy/kimi-k2-slice --dummy --batch 1,64 --ctx 1024 --prefill 16 --steps 4 --kv-cache-dtype bf16 2>&1 | grep -E "^\| [0-9]|panicked|rror" | tee -a "$R"
+    fi
+    echo "(took $(( $(date +%s) - t0 )) s)" | tee -a "$R"
+  done
+done
+[[ $P == *" trace "* ]] && {
+  for s in ${TRACE_SETS:-WEFT_X=1}; do
+    # The trace is a kernel variant: its defines join the setting's.
+    d=WEFT_TRACE; [[ $s == WEFT_CUDA_KERNEL_DEFINES=* ]] && d="$d,${s#WEFT_CUDA_KERNEL_DEFINES=}" && s=WEFT_X=1
+    echo "== moonlight bf16 cache, traced ($d; $s)" | tee -a "$R"
+    env ${s//,/ } WEFT_CUDA_KERNEL_DEFINES=$d timeout 150 .device/roofline models/dummy/moonlight-16b-a3b --dummy --batch ${TRACE_BATCH:-1} --ctx 1024 --prefill 16 --steps 4 --kv-cache-dtype bf16 --trace 2>&1 | grep -E "^\| |^\(trace|^\(grids|panicked|rror" | tee -a "$R"
+  done
+}
+echo "(script took $SECONDS s)" | tee -a "$R"
+true
