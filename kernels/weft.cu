@@ -85,6 +85,21 @@ __device__ __forceinline__ bool rms_v4_fits(u32 dim, const void* a, const void* 
     return dim % 4 == 0 && dim <= 4 * RMS_V * blockDim.x && (((u64)a | (u64)b | (u64)c | (u64)d) & 15) == 0;
 }
 
+// out = w * x / rms(x) for the row a block holds as RMS_V float4s a thread (values 4 · (thread
+// + k · blockDim.x) on), its norm weights beside them: the sum of squares in this order, then
+// one block sum (every caller's bits the same).
+__device__ __forceinline__ void rms_v4_scale(const float4 (&v)[RMS_V], const float4 (&wv)[RMS_V], float* out, u32 dim, float eps, float* sh) {
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < RMS_V; k++) s += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+    const float r = 1.0f / sqrtf(block_sum_lanes(s, sh) / (float)dim + eps);
+#pragma unroll
+    for (int k = 0; k < RMS_V; k++) {
+        const u32 j = 4 * (threadIdx.x + k * blockDim.x);
+        if (j < dim) *(float4*)(out + j) = make_float4(wv[k].x * (v[k].x * r), wv[k].y * (v[k].y * r), wv[k].z * (v[k].z * r), wv[k].w * (v[k].w * r));
+    }
+}
+
 // x = src (+ delta, written back to res when ADD; with HALF, delta is the hi half of a stacked
 // two-part product whose lo half lies `half` values on, the two added first as add_halves
 // does); out = w * x / rms(x).
@@ -106,7 +121,6 @@ __device__ void rms_row_v4(const float* src, const float* delta, float* res, con
         }
         wv[k] = j < dim ? *(const float4*)(w + j) : z;
     }
-    float s = 0.f;
 #pragma unroll
     for (int k = 0; k < RMS_V; k++) {
         const u32 j = 4 * (threadIdx.x + k * blockDim.x);
@@ -114,14 +128,8 @@ __device__ void rms_row_v4(const float* src, const float* delta, float* res, con
             v[k] = make_float4(v[k].x + dv[k].x, v[k].y + dv[k].y, v[k].z + dv[k].z, v[k].w + dv[k].w);
             if (j < dim) *(float4*)(res + j) = v[k];
         }
-        s += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
     }
-    const float r = 1.0f / sqrtf(block_sum_lanes(s, sh) / (float)dim + eps);
-#pragma unroll
-    for (int k = 0; k < RMS_V; k++) {
-        const u32 j = 4 * (threadIdx.x + k * blockDim.x);
-        if (j < dim) *(float4*)(out + j) = make_float4(wv[k].x * (v[k].x * r), wv[k].y * (v[k].y * r), wv[k].z * (v[k].z * r), wv[k].w * (v[k].w * r));
-    }
+    rms_v4_scale(v, wv, out, dim, eps, sh);
 }
 
 // One block per row (blockDim.x a multiple of 64, up to 1024: ops.rs `norm_cfg`); rows

@@ -223,6 +223,7 @@ pub const KERNELS: &[&str] = &[
     "moe_wg2_down_bf16",
     "moe_wg_split",
     "moe_combine",
+    "moe_combine_add_rms_norm",
     "moe_down_combine_bf16_t1",
     "moe_down_combine_fp8_t1",
     "mla_decode",
@@ -522,6 +523,10 @@ pub struct CudaBackend {
     /// `WEFT_CUDA_MOE_DOWN_COMBINE=1`). Off by default: measured slower (round 29, H100: 24.2 µs
     /// a layer on the chain against 22.0 for the down kernel and `moe_combine`).
     pub moe_down_combine: bool,
+    /// The MoE combine adds its output into the residual stream and applies the next norm in
+    /// the same launch (`moe_combine_add_rms_norm`, `Backend::moe_block_routed_add_norm`;
+    /// `WEFT_CUDA_MOE_COMBINE_NORM=0` runs `moe_combine` and then `add_rms_norm`).
+    pub moe_combine_norm: bool,
     /// Two weights on the same rows (`linear_pair`) share one weight-streaming launch where both
     /// take the CUDA-core path (`WEFT_CUDA_GEMV_PAIR=0`: two launches, for comparisons).
     pub gemv_pair: bool,
@@ -840,6 +845,7 @@ impl CudaBackend {
             moe_shared_fused: std::env::var("WEFT_CUDA_MOE_SHARED_FUSED").ok().and_then(|v| v.parse().ok()).unwrap_or(8),
             moe_router_fused: std::env::var("WEFT_CUDA_MOE_ROUTER_FUSED").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             moe_down_combine: std::env::var("WEFT_CUDA_MOE_DOWN_COMBINE").is_ok_and(|v| v != "0"),
+            moe_combine_norm: std::env::var("WEFT_CUDA_MOE_COMBINE_NORM").map_or(true, |v| v != "0"),
             gemv_pair: std::env::var("WEFT_CUDA_GEMV_PAIR").map_or(true, |v| v != "0"),
             // Not on HIP: its stand-in GEMM (kernels/gemm.cu) is slower than the decode kernel.
             // The mock build has the path for tests, off unless they turn it on.

@@ -136,6 +136,15 @@ pub(crate) enum Gate<'a> {
     Router(&'a CudaSlice<f32>),
 }
 
+/// What follows an MoE block when the model asks for it (`Backend::moe_block_routed_add_norm`):
+/// its output added into `residual` and the rows normed with `weight`, the block's result
+/// then being the normed rows — in the combine's launch where it can (`moe_combine_add_rms_norm`).
+pub(crate) struct NormAfter<'a> {
+    pub residual: &'a mut CudaSlice<f32>,
+    pub weight: &'a CudaSlice<f32>,
+    pub eps: f32,
+}
+
 /// Device arrays of every expert's weight (and fp8 scale) pointers for one layer.
 pub struct ExpertTables {
     gate_up: CudaSlice<u64>,
@@ -315,6 +324,7 @@ impl CudaBackend {
         m: usize,
         hidden: usize,
         shared: Shared<'_>,
+        norm: Option<NormAfter<'_>>,
     ) -> Result<CudaSlice<f32>> {
         // Shared chunks run with the routed experts take S slots after each token's k.
         let (fused, add): (&[ExpertWeights<CudaMatrix>], _) = match shared {
@@ -330,7 +340,7 @@ impl CudaBackend {
         let tables = self.expert_tables(&experts.iter().chain(fused).collect::<Vec<_>>())?;
         let mut ids = self.alloc::<u32>(n)?;
         let mut wts = self.out(n)?;
-        let (e32, k32, s32, ng, tg, norm, sc) = (e as u32, k as u32, s as u32, cfg.n_group.max(1) as u32, cfg.topk_group as u32, cfg.norm_topk_prob as i32, cfg.routed_scaling_factor);
+        let (e32, k32, s32, ng, tg, norm_p, sc) = (e as u32, k as u32, s as u32, cfg.n_group.max(1) as u32, cfg.topk_group as u32, cfg.norm_topk_prob as i32, cfg.routed_scaling_factor);
         let top32 = cfg.top_k as u32;
         // Active experts, offsets, entries, then the GEMM's tile list (moe.cu `plan_experts`).
         let mut plan = self.alloc::<u32>(2 + 2 * maxa + n + 1 + 2 * (n / TILE_ROWS + maxa))?;
@@ -356,7 +366,7 @@ impl CudaBackend {
         };
         // moe_route_plan triggers the experts' launch at its start when x is known complete.
         let early = matches!(gate, Gate::LogitsOfX(_)) as i32;
-        l.arg(bias).arg(&e32).arg(&top32).arg(&s32).arg(&ng).arg(&tg).arg(&norm).arg(&sc).arg(&mut ids).arg(&mut wts).arg(&first32).arg(&held32).arg(&maxa32).arg(&mut plan).arg(&*counter);
+        l.arg(bias).arg(&e32).arg(&top32).arg(&s32).arg(&ng).arg(&tg).arg(&norm_p).arg(&sc).arg(&mut ids).arg(&mut wts).arg(&first32).arg(&held32).arg(&maxa32).arg(&mut plan).arg(&*counter);
         if !matches!(gate, Gate::Router(_)) {
             l.arg(&early);
         }
@@ -371,7 +381,7 @@ impl CudaBackend {
         let (h32, i32_) = (hidden as u32, inter as u32);
         if let Path::Gemm = path {
             let y = self.moe_gemm(&tables, &plan, maxa, n, x, (k, &self.moe_token_parts(m)?), hidden, inter)?;
-            return self.moe_combine(&y, &wts, &ids, (e, s, first, experts.len()), add, m, k, hidden);
+            return self.moe_combine(&y, &wts, &ids, (e, s, first, experts.len()), add, m, k, hidden, norm);
         }
         let grid = |units: usize, threads: u32| {
             let per_block = (threads / crate::SUBGROUP) as usize;
@@ -404,13 +414,13 @@ impl CudaBackend {
             l.arg(&plan).arg(&maxa32).arg(&h).arg(&mut y).arg(&h32).arg(&i32_);
             l.arg(&wts).arg(&ids).arg(&e32).arg(&s32).arg(&first32).arg(&held32).arg(add.unwrap_or(&wts)).arg(&has_add).arg(&mut out).arg(&m32).arg(&k32).arg(&*sem);
             unsafe { l.launch(down_grid) }.map_err(dev)?;
-            return Ok(out);
+            return self.then_norm(out, norm, hidden);
         }
         let mut l = self.stream.launch_builder(self.func(EXPERT_KERNELS[1][fp8][path as usize]));
         tables.push(&mut l, true);
         l.arg(&plan).arg(&maxa32).arg(&h).arg(&mut y).arg(&h32).arg(&i32_);
         unsafe { l.launch(down_grid) }.map_err(dev)?;
-        self.moe_combine(&y, &wts, &ids, (e, s, first, experts.len()), add, m, k, hidden)
+        self.moe_combine(&y, &wts, &ids, (e, s, first, experts.len()), add, m, k, hidden, norm)
     }
 
     /// The experts as the grouped GEMM over the plan's tiles: gate|up with SiLU into `h`
@@ -502,7 +512,8 @@ impl CudaBackend {
 
     /// `out[t] = Σ_j wts[t, j] · y[t·k + j]` over the token's entries held here (`experts`: the
     /// routed count, shared chunks run with them, first held, held), plus the shared experts'
-    /// output when they ran apart.
+    /// output when they ran apart; with `norm`, added into the residual and normed, in the same
+    /// launch where the rows fit `rms_row_v4` (kernels/weft.cu), else by `add_rms_norm` after.
     #[allow(clippy::too_many_arguments)]
     fn moe_combine(
         &self,
@@ -514,6 +525,7 @@ impl CudaBackend {
         m: usize,
         k: usize,
         hidden: usize,
+        mut norm: Option<NormAfter<'_>>,
     ) -> Result<CudaSlice<f32>> {
         let (e, s, first, held) = experts;
         let (e32, s32, first32, held32, k32, h32) = (e as u32, s as u32, first as u32, held as u32, k as u32, hidden as u32);
@@ -521,6 +533,14 @@ impl CudaBackend {
         // Without a shared output the kernel is told so and reads nothing from `add`.
         let add = shared.unwrap_or(y);
         let has_add = shared.is_some() as i32;
+        let fits = |n: &NormAfter<'_>| self.moe_combine_norm && hidden % 4 == 0 && hidden <= 8 * 1024 && n.residual.len() == m * hidden && n.weight.len() >= hidden;
+        if let Some(n) = norm.as_ref().is_some_and(fits).then(|| norm.take()).flatten() {
+            let mut l = self.stream.launch_builder(self.func("moe_combine_add_rms_norm"));
+            l.arg(y).arg(wts).arg(ids).arg(&e32).arg(&s32).arg(&first32).arg(&held32).arg(add).arg(&has_add);
+            l.arg(n.residual).arg(n.weight).arg(&mut out).arg(&k32).arg(&h32).arg(&n.eps);
+            unsafe { l.launch(crate::ops::norm_cfg(m, hidden)) }.map_err(dev)?;
+            return Ok(out);
+        }
         let mut l = self.stream.launch_builder(self.func("moe_combine"));
         l.arg(y).arg(wts).arg(ids).arg(&e32).arg(&s32).arg(&first32).arg(&held32).arg(add).arg(&has_add).arg(&mut out).arg(&k32).arg(&h32);
         let combine_threads = 128u32;
@@ -528,7 +548,43 @@ impl CudaBackend {
         let per = if hidden % 4 == 0 { 4 } else { 1 };
         let blocks = m * hidden.div_ceil(per * combine_threads as usize);
         unsafe { l.launch(LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (combine_threads, 1, 1), shared_mem_bytes: 0 }) }.map_err(dev)?;
-        Ok(out)
+        self.then_norm(out, norm, hidden)
+    }
+
+    /// `out`, or (with `norm`) `add_rms_norm` of it into the residual: the block's result then.
+    fn then_norm(&self, out: CudaSlice<f32>, norm: Option<NormAfter<'_>>, hidden: usize) -> Result<CudaSlice<f32>> {
+        match norm {
+            None => Ok(out),
+            Some(n) => self.add_rms_norm(n.residual, &out, hidden, n.weight, n.eps),
+        }
+    }
+
+    /// `moe_block_routed` (with `norm`, `moe_block_routed_add_norm`): the router's product
+    /// by `linear` and then the block, or in the routing's launch (`router_fuses`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn moe_routed(
+        &self,
+        x: &CudaSlice<f32>,
+        router: &CudaMatrix,
+        bias: &CudaSlice<f32>,
+        cfg_r: &RouterConfig,
+        (experts, first): (&[ExpertWeights<CudaMatrix>], usize),
+        shared: &[ExpertWeights<CudaMatrix>],
+        norm: Option<NormAfter<'_>>,
+    ) -> Result<CudaSlice<f32>> {
+        let hidden = router.cols;
+        let m = if hidden == 0 { 0 } else { x.len() / hidden };
+        let fuses = x.len() == m * hidden && router.rows == cfg_r.n_experts && self.router_fuses(router, cfg_r, experts, m);
+        let Some(w) = router.f32_data.as_ref().filter(|_| fuses) else {
+            // The logits made from x by the launch just before the routing's (Gate::LogitsOfX).
+            let logits = self.linear(x, router)?;
+            weft_backend::check_local_experts(first, experts.len(), cfg_r, bias.len())?;
+            let m = crate::ops::check_rows("moe", logits.len(), cfg_r.n_experts)?;
+            let hidden = crate::ops::check_rows("moe", x.len(), m.max(1))?;
+            return self.moe_block_gated(x, Gate::LogitsOfX(&logits), bias, cfg_r, (experts, first), shared, (m, hidden), norm);
+        };
+        weft_backend::check_local_experts(first, experts.len(), cfg_r, bias.len())?;
+        self.moe_block_gated(x, Gate::Router(w), bias, cfg_r, (experts, first), shared, (m, hidden), norm)
     }
 
     /// `moe_block` (and `moe_block_routed`, whose router then runs in the routing's launch):
@@ -543,18 +599,21 @@ impl CudaBackend {
         cfg_r: &RouterConfig,
         (experts, first): (&[ExpertWeights<CudaMatrix>], usize),
         shared: &[ExpertWeights<CudaMatrix>],
-        m: usize,
-        hidden: usize,
+        (m, hidden): (usize, usize),
+        norm: Option<NormAfter<'_>>,
     ) -> Result<CudaSlice<f32>> {
         if shared.iter().all(|w| w.gate_up.cols == hidden) && self.moe_fuses_shared(cfg_r, experts, shared, m) {
-            return self.moe_on_device(x, gate, bias, cfg_r, experts, first, m, hidden, Shared::Fused(shared));
+            return self.moe_on_device(x, gate, bias, cfg_r, experts, first, m, hidden, Shared::Fused(shared), norm);
         }
         let sum = Backend::shared_experts(self, x, shared)?;
         match gate {
-            Gate::Logits(logits) | Gate::LogitsOfX(logits) => self.moe_held(x, logits, bias, cfg_r, experts, first, sum.as_ref()),
+            Gate::Logits(logits) | Gate::LogitsOfX(logits) => {
+                let out = self.moe_held(x, logits, bias, cfg_r, experts, first, sum.as_ref())?;
+                self.then_norm(out, norm, hidden)
+            }
             Gate::Router(_) => {
                 weft_backend::check_moe_shared(sum.as_ref().map(|s| s.len()), x.len())?;
-                self.moe_on_device(x, gate, bias, cfg_r, experts, first, m, hidden, Shared::Output(sum.as_ref()))
+                self.moe_on_device(x, gate, bias, cfg_r, experts, first, m, hidden, Shared::Output(sum.as_ref()), norm)
             }
         }
     }
@@ -577,7 +636,7 @@ impl CudaBackend {
         let hidden = crate::ops::check_rows("moe", x.len(), m.max(1))?;
         weft_backend::check_moe_shared(shared.map(|s| s.len()), x.len())?;
         if !experts.is_empty() && self.moe_on_device_fits(cfg_r, experts, m) {
-            return self.moe_on_device(x, Gate::Logits(gate_logits), bias, cfg_r, experts, first, m, hidden, Shared::Output(shared));
+            return self.moe_on_device(x, Gate::Logits(gate_logits), bias, cfg_r, experts, first, m, hidden, Shared::Output(shared), None);
         }
         let mut out = self.moe_host_routed(x, gate_logits, bias, cfg_r, experts, first, m, hidden)?;
         if let Some(s) = shared {

@@ -4,7 +4,7 @@
 
 use crate::graphs::StepArray;
 use crate::mla::MlaArgs;
-use crate::moe::Gate;
+use crate::moe::{Gate, NormAfter};
 use crate::{dev, CudaBackend, CudaKvPool, CudaMatrix, Fp8Weight};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
@@ -750,7 +750,7 @@ impl Backend for CudaBackend {
         weft_backend::check_local_experts(first, experts.len(), cfg_r, bias.len())?;
         let m = check_rows("moe", gate_logits.len(), cfg_r.n_experts)?;
         let hidden = check_rows("moe", x.len(), m.max(1))?;
-        self.moe_block_gated(x, Gate::Logits(gate_logits), bias, cfg_r, (experts, first), shared, m, hidden)
+        self.moe_block_gated(x, Gate::Logits(gate_logits), bias, cfg_r, (experts, first), shared, (m, hidden), None)
     }
 
     fn moe_block_routed(
@@ -763,19 +763,25 @@ impl Backend for CudaBackend {
         first: usize,
         shared: &[ExpertWeights<CudaMatrix>],
     ) -> Result<CudaSlice<f32>> {
-        let hidden = router.cols;
-        let m = if hidden == 0 { 0 } else { x.len() / hidden };
-        let fuses = x.len() == m * hidden && router.rows == cfg_r.n_experts && self.router_fuses(router, cfg_r, experts, m);
-        let Some(w) = router.f32_data.as_ref().filter(|_| fuses) else {
-            // The logits made from x by the launch just before the routing's (Gate::LogitsOfX).
-            let logits = self.linear(x, router)?;
-            weft_backend::check_local_experts(first, experts.len(), cfg_r, bias.len())?;
-            let m = check_rows("moe", logits.len(), cfg_r.n_experts)?;
-            let hidden = check_rows("moe", x.len(), m.max(1))?;
-            return self.moe_block_gated(x, Gate::LogitsOfX(&logits), bias, cfg_r, (experts, first), shared, m, hidden);
-        };
-        weft_backend::check_local_experts(first, experts.len(), cfg_r, bias.len())?;
-        self.moe_block_gated(x, Gate::Router(w), bias, cfg_r, (experts, first), shared, m, hidden)
+        self.moe_routed(x, router, bias, cfg_r, (experts, first), shared, None)
+    }
+
+    fn moe_block_routed_add_norm(
+        &self,
+        x: &CudaSlice<f32>,
+        router: &CudaMatrix,
+        bias: &CudaSlice<f32>,
+        cfg_r: &RouterConfig,
+        (experts, first): (&[ExpertWeights<CudaMatrix>], usize),
+        shared: &[ExpertWeights<CudaMatrix>],
+        (residual, dim, weight, eps): (&mut CudaSlice<f32>, usize, &CudaSlice<f32>, f32),
+    ) -> Result<CudaSlice<f32>> {
+        if dim != router.cols {
+            // Rows of another width: the ops apart say what is wrong.
+            let delta = self.moe_routed(x, router, bias, cfg_r, (experts, first), shared, None)?;
+            return self.add_rms_norm(residual, &delta, dim, weight, eps);
+        }
+        self.moe_routed(x, router, bias, cfg_r, (experts, first), shared, Some(NormAfter { residual, weight, eps }))
     }
 
     fn shared_experts(&self, x: &CudaSlice<f32>, shared: &[ExpertWeights<CudaMatrix>]) -> Result<Option<CudaSlice<f32>>> {

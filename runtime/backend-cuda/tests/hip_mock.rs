@@ -690,6 +690,37 @@ fn moe_block_runs_shared_chunks_with_the_routed_experts() {
     assert!(err.to_string().contains("are not rows of"), "{err}");
 }
 
+/// Sixteen bf16 experts (256 wide, 64 intermediate) and two shared chunks, on the mock and the
+/// CPU, and an f32 router of a published name: (device experts, CPU experts, device chunks,
+/// CPU chunks, device router, CPU router).
+#[allow(clippy::type_complexity)]
+fn moe_fixture(
+    g: &CudaBackend,
+    c: &CpuBackend,
+    r: &mut Rng,
+) -> (
+    Vec<weft_backend::ExpertWeights<weft_cuda::CudaMatrix>>,
+    Vec<weft_backend::ExpertWeights<<CpuBackend as Backend>::Matrix>>,
+    Vec<weft_backend::ExpertWeights<weft_cuda::CudaMatrix>>,
+    Vec<weft_backend::ExpertWeights<<CpuBackend as Backend>::Matrix>>,
+    weft_cuda::CudaMatrix,
+    <CpuBackend as Backend>::Matrix,
+) {
+    use weft_backend::ExpertWeights;
+    let (hidden, inter, e) = (256, 64, 16);
+    let (mut eg, mut ec) = (vec![], vec![]);
+    for _ in 0..e + 2 {
+        let (gu, dn) = (bf16_matrix(r, "w", 2 * inter, hidden), bf16_matrix(r, "w", hidden, inter));
+        eg.push(ExpertWeights { gate_up: g.upload_matrix(&gu).unwrap(), down: g.upload_matrix(&dn).unwrap(), inter });
+        ec.push(ExpertWeights { gate_up: c.upload_matrix(&gu).unwrap(), down: c.upload_matrix(&dn).unwrap(), inter });
+    }
+    let (sg, sc) = (eg.split_off(e), ec.split_off(e));
+    // Router rows of a published name: kept (and multiplied) in f32.
+    let router = HostMatrix::from_f32("model.layers.1.mlp.gate.weight", e, hidden, &r.vec(e * hidden, 0.2));
+    let (rg, rc) = (g.upload_matrix(&router).unwrap(), c.upload_matrix(&router).unwrap());
+    (eg, ec, sg, sc, rg, rc)
+}
+
 /// The router's product in the routing's launch (`Backend::moe_block_routed`,
 /// `moe_router_route_plan`: a sub-group a router row, the last block routing each token in
 /// turn and planning): for one and three tokens, plain and group-limited routing, a whole layer
@@ -698,20 +729,11 @@ fn moe_block_runs_shared_chunks_with_the_routed_experts() {
 /// products and combine in one launch (`moe_down_combine_*`) and apart, also the same bits.
 #[test]
 fn moe_router_runs_in_the_routing_launch() {
-    use weft_backend::{ExpertWeights, RouterConfig};
+    use weft_backend::RouterConfig;
     let (mut g, c) = (mock(), CpuBackend::new());
     let mut r = Rng(29);
-    let (hidden, inter, e) = (256, 64, 16);
-    let (mut eg, mut ec) = (vec![], vec![]);
-    for _ in 0..e + 2 {
-        let (gu, dn) = (bf16_matrix(&mut r, "w", 2 * inter, hidden), bf16_matrix(&mut r, "w", hidden, inter));
-        eg.push(ExpertWeights { gate_up: g.upload_matrix(&gu).unwrap(), down: g.upload_matrix(&dn).unwrap(), inter });
-        ec.push(ExpertWeights { gate_up: c.upload_matrix(&gu).unwrap(), down: c.upload_matrix(&dn).unwrap(), inter });
-    }
-    let (sg, sc) = (eg.split_off(e), ec.split_off(e));
-    // Router rows of a published name: kept (and multiplied) in f32.
-    let router = HostMatrix::from_f32("model.layers.1.mlp.gate.weight", e, hidden, &r.vec(e * hidden, 0.2));
-    let (rg, rc) = (g.upload_matrix(&router).unwrap(), c.upload_matrix(&router).unwrap());
+    let (hidden, e) = (256, 16);
+    let (eg, ec, sg, sc, rg, rc) = moe_fixture(&g, &c, &mut r);
     let bias = r.vec(e, 0.3);
     let bg = g.upload(&bias).unwrap();
     let plain = RouterConfig { n_experts: e, top_k: 4, n_group: 1, topk_group: 1, norm_topk_prob: true, routed_scaling_factor: 2.5 };
@@ -744,6 +766,52 @@ fn moe_router_runs_in_the_routing_launch() {
         }
     }
     (g.moe_router_fused, g.moe_down_combine, g.moe_shared_fused) = (0, false, 8);
+}
+
+/// An MoE block added into the residual stream and normed in the combine's launch
+/// (`Backend::moe_block_routed_add_norm`, `moe_combine_add_rms_norm`): for one and three tokens,
+/// a whole layer and an expert-parallel rank, shared chunks with the routed experts and apart —
+/// the same bits (normed rows and residual) as `moe_block_routed` and then `add_rms_norm`, and
+/// the CPU's result; a norm of the wrong width is an error, as `add_rms_norm`'s.
+#[test]
+fn moe_combine_adds_and_norms_in_one_launch() {
+    use weft_backend::RouterConfig;
+    let (mut g, c) = (mock(), CpuBackend::new());
+    let mut r = Rng(31);
+    let (hidden, e) = (256, 16);
+    let (eg, ec, sg, sc, rg, rc) = moe_fixture(&g, &c, &mut r);
+    let (bias, nw) = (r.vec(e, 0.3), r.vec(hidden, 1.0));
+    let (bg, nwg) = (g.upload(&bias).unwrap(), g.upload(&nw).unwrap());
+    let cfg = RouterConfig { n_experts: e, top_k: 4, n_group: 1, topk_group: 1, norm_topk_prob: true, routed_scaling_factor: 2.5 };
+    for m in [1usize, 3] {
+        let (x, res) = (r.vec(m * hidden, 1.0), r.vec(m * hidden, 2.0));
+        let xg = g.upload(&x).unwrap();
+        for (first, held) in [(0, e), (4, 8)] {
+            for (shared_fused, chunks) in [(usize::MAX, 2), (0, 2), (usize::MAX, 0)] {
+                g.moe_shared_fused = shared_fused;
+                let (ex, sh) = ((&ec[first..first + held], first), &sc[..chunks]);
+                let mut want_res = res.clone();
+                let want = c.moe_block_routed_add_norm(&x, &rc, &bias, &cfg, ex, sh, (&mut want_res, hidden, &nw, 1e-5)).unwrap();
+                let mut outs = vec![];
+                for fused in [true, false] {
+                    g.moe_combine_norm = fused;
+                    let mut rg_ = g.upload(&res).unwrap();
+                    let got = g.moe_block_routed_add_norm(&xg, &rg, &bg, &cfg, (&eg[first..first + held], first), &sg[..chunks], (&mut rg_, hidden, &nwg, 1e-5)).unwrap();
+                    let (got, got_res) = (g.download(&got).unwrap(), g.download(&rg_).unwrap());
+                    let name = format!("moe_block_routed_add_norm m={m} experts {first}..{} chunks {chunks} with the routed {shared_fused}, in the combine {fused}", first + held);
+                    check(&name, &got, &want, 1e-4);
+                    check(&format!("{name}: residual"), &got_res, &want_res, 1e-5);
+                    outs.push((got, got_res));
+                }
+                assert!(outs[0] == outs[1], "the combine's add and norm must give add_rms_norm's bits (m={m}, chunks {chunks})");
+            }
+        }
+        // A norm weight for rows of another width: the same error as add_rms_norm's.
+        let mut rg_ = g.upload(&res).unwrap();
+        let err = g.moe_block_routed_add_norm(&xg, &rg, &bg, &cfg, (&eg, 0), &sg, (&mut rg_, hidden + 8, &nwg, 1e-5)).err().expect("rows of another width");
+        assert!(err.to_string().contains("add_rms_norm"), "{err}");
+    }
+    (g.moe_shared_fused, g.moe_combine_norm) = (8, true);
 }
 
 /// The sampling front end on the device (token edits, temperature, top-K, log-sum-exp): the

@@ -478,6 +478,25 @@ pub trait Backend: Send + Sync + 'static {
         self.moe_block(x, &logits, bias, cfg, experts, first, shared)
     }
 
+    /// [`Self::moe_block_routed`] added into the residual stream (rows `dim` wide) and normed
+    /// with `weight` (the next layer's input norm, or the model's last): returns what
+    /// [`Self::add_rms_norm`] of the block's output returns. The default runs the two; a
+    /// backend may add and norm in the pass that combines the experts' outputs.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_block_routed_add_norm(
+        &self,
+        x: &Self::Buf,
+        router: &Self::Matrix,
+        bias: &Self::Buf,
+        cfg: &RouterConfig,
+        (experts, first): (&[ExpertWeights<Self::Matrix>], usize),
+        shared: &[ExpertWeights<Self::Matrix>],
+        (residual, dim, weight, eps): (&mut Self::Buf, usize, &Self::Buf, f32),
+    ) -> Result<Self::Buf> {
+        let delta = self.moe_block_routed(x, router, bias, cfg, experts, first, shared)?;
+        self.add_rms_norm(residual, &delta, dim, weight, eps)
+    }
+
     /// The shared experts' output on `x`: each chunk's gated MLP, summed (`None` without any;
     /// [`shared_experts_apart`] unless a backend shares work between the chunks).
     fn shared_experts(&self, x: &Self::Buf, shared: &[ExpertWeights<Self::Matrix>]) -> Result<Option<Self::Buf>> {

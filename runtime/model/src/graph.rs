@@ -151,17 +151,29 @@ impl<B: Backend> DeepseekV3<B> {
         let h = c.hidden_size;
         let mut residual = be.embed(&self.weights.embed, batch.tokens)?;
         let mut delta: Option<B::Buf> = None;
+        // The next norm's output, where the layer before made it (an MoE block that added its
+        // output into the residual stream and normed it in one op).
+        let mut normed: Option<B::Buf> = None;
         let last = self.weights.layers.len().saturating_sub(1);
         let mut captured: Vec<(usize, B::Buf)> = vec![];
         for (i, lw) in self.weights.layers.iter().enumerate() {
-            let x = match &delta {
-                None => be.rms_norm(&residual, h, &lw.input_layernorm, eps)?,
-                Some(d) => be.add_rms_norm(&mut residual, d, h, &lw.input_layernorm, eps)?,
+            let x = match (normed.take(), &delta) {
+                (Some(x), _) => x,
+                (None, None) => be.rms_norm(&residual, h, &lw.input_layernorm, eps)?,
+                (None, Some(d)) => be.add_rms_norm(&mut residual, d, h, &lw.input_layernorm, eps)?,
             };
             let o = self.attention(i, lw, &x, pool, batch)?;
             let x = self.attention_out(lw, &o, &mut residual)?;
+            let capture = i != last && self.capture.contains(&i);
+            let next_norm = if i == last { &self.weights.norm } else { &self.weights.layers[i + 1].input_layernorm };
+            if let (FeedForward::Moe(m), None, false) = (&lw.ffn, &self.group, capture) {
+                let after = (&mut residual, h, next_norm, eps);
+                normed = Some(be.moe_block_routed_add_norm(&x, &m.router, &m.bias, &self.router, (&m.experts, m.first_expert), &m.shared, after)?);
+                delta = None;
+                continue;
+            }
             let d = self.feed_forward(lw, &x)?;
-            if i != last && self.capture.contains(&i) {
+            if capture {
                 // The layer's output materialised (the next norm then has no delta to add).
                 be.add_inplace(&mut residual, &d)?;
                 captured.push((i, be.concat(&[&residual])?));
@@ -170,9 +182,10 @@ impl<B: Backend> DeepseekV3<B> {
                 delta = Some(d);
             }
         }
-        let out = match &delta {
-            Some(d) => be.add_rms_norm(&mut residual, d, h, &self.weights.norm, eps)?,
-            None => be.rms_norm(&residual, h, &self.weights.norm, eps)?,
+        let out = match (normed, &delta) {
+            (Some(x), _) => x,
+            (None, Some(d)) => be.add_rms_norm(&mut residual, d, h, &self.weights.norm, eps)?,
+            (None, None) => be.rms_norm(&residual, h, &self.weights.norm, eps)?,
         };
         if self.capture.is_empty() {
             return Ok(out);
