@@ -207,17 +207,47 @@ __device__ __forceinline__ void mma_down_pass(WeightRef W, const u32* ent, u32 i
             }
 }
 
+// Gate|up of a shared chunk (local expert e) for every one of the m tokens (entries i · k +
+// slot): the block lists a pass's entries in shared memory (every thread at the barriers; the
+// list is the same for all its sub-groups) and each sub-group with a unit runs the pass over the
+// list as it runs one over the plan's entries.
+template <int FP8>
+__device__ __forceinline__ void mma_shared_chunk(ExpertTable T, const float* x, float* h, u32 k, u32 hidden, u32 inter, u32 m, u32 slot, u32 e, u32 unit, u32 units) {
+    __shared__ u32 list[2 * MMA_TOKENS];
+    WeightRef W = expert_ref(T, e);
+    for (u32 i0 = 0; i0 < m;) {
+        const u32 left = m - i0, nt = left > MMA_TOKENS ? min(left, 2u * MMA_TOKENS) : left;
+        __syncthreads();
+        if (threadIdx.x < nt) list[threadIdx.x] = (i0 + threadIdx.x) * k + slot;
+        __syncthreads();
+        if (unit < units) {
+            if (nt > MMA_TOKENS) mma_gate_up_pass<FP8, 2>(W, list, 0, nt, x, h, k, hidden, inter, unit * MMA_ROWS);
+            else mma_gate_up_pass<FP8, 1>(W, list, 0, nt, x, h, k, hidden, inter, unit * MMA_ROWS);
+        }
+        i0 += nt;
+    }
+}
+
 // One sub-group per unit of work: `units` per expert (gate_up: inter/16 tiles, each with its up
 // tile; down: hidden/32), blockDim.x/32 units per block, blocks past the active experts exit.
-// Entries go 8 at a time, or 16 when more than 8 remain.
+// Entries go 8 at a time, or 16 when more than 8 remain. Gate|up takes the S shared chunks
+// (local experts held..held+S, every one of the m tokens at slots k-S..k-1) in its first
+// S · per_expert blocks from x alone, before the wait, as moe_gate_up_body (moe.cu) does; the
+// blocks after them wait and take the plan's routed experts.
 template <int FP8, int DOWN>
-__device__ void moe_mma_body(ExpertTable T, const u32* plan, u32 maxa, const float* in, float* out, u32 k, u32 hidden, u32 inter) {
+__device__ void moe_mma_body(ExpertTable T, const u32* plan, u32 maxa, const float* in, float* out, u32 k, u32 hidden, u32 inter, u32 m, u32 S, u32 held) {
     u32 warps = blockDim.x / 32;
     u32 units = DOWN ? hidden / (2 * MMA_ROWS) : inter / MMA_ROWS;
     u32 per_expert = (units + warps - 1) / warps;
-    u32 a = blockIdx.x / per_expert;
-    if (a >= plan[0]) return;
     u32 unit = (blockIdx.x % per_expert) * warps + threadIdx.x / 32;
+    if (!DOWN && blockIdx.x < S * per_expert) {
+        const u32 s = blockIdx.x / per_expert;
+        mma_shared_chunk<FP8>(T, in, out, k, hidden, inter, m, k - S + s, held + s, unit, units);
+        return;
+    }
+    WEFT_PDL_ENTRY();
+    u32 a = blockIdx.x / per_expert - S;
+    if (a + S >= plan[0]) return;
     if (unit >= units) return;
     WeightRef W = expert_ref(T, plan[1 + a]);
     const u32* off = plan + 1 + maxa;
@@ -237,21 +267,25 @@ __device__ void moe_mma_body(ExpertTable T, const u32* plan, u32 maxa, const flo
     }
 }
 
-extern "C" __global__ void moe_gate_up_bf16_mma(const u64* w, const u32* plan, u32 maxa, const float* x, float* h, u32 k, u32 hidden, u32 inter) { WEFT_PDL_ENTRY();
+// (Bounded to five blocks an SM, as the kernel ran before it had the shared-chunk path: that
+// path takes the bf16 kernel from 96 registers to more, and four blocks; bounded, 96 and no
+// spills.)
+extern "C" __global__ void __launch_bounds__(128, 5) moe_gate_up_bf16_mma(const u64* w, const u32* plan, u32 maxa, const float* x, float* h, u32 k, u32 hidden, u32 inter, u32 m, u32 S, u32 held) {
     ExpertTable Tb = {w, w, 0, 1, 1};
-    moe_mma_body<0, 0>(Tb, plan, maxa, x, h, k, hidden, inter);
+    moe_mma_body<0, 0>(Tb, plan, maxa, x, h, k, hidden, inter, m, S, held);
 }
-extern "C" __global__ void moe_gate_up_fp8_mma(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, const float* x, float* h, u32 k, u32 hidden, u32 inter) { WEFT_PDL_ENTRY();
+extern "C" __global__ void moe_gate_up_fp8_mma(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, const float* x, float* h, u32 k, u32 hidden, u32 inter, u32 m, u32 S, u32 held) {
     ExpertTable Tb = {w, sc, sc_cols, br, bc};
-    moe_mma_body<1, 0>(Tb, plan, maxa, x, h, k, hidden, inter);
+    moe_mma_body<1, 0>(Tb, plan, maxa, x, h, k, hidden, inter, m, S, held);
 }
-extern "C" __global__ void moe_down_bf16_mma(const u64* w, const u32* plan, u32 maxa, const float* h, float* y, u32 hidden, u32 inter) { WEFT_PDL_ENTRY();
+// (Down has no shared-chunk blocks: S = 0, every block waits.)
+extern "C" __global__ void moe_down_bf16_mma(const u64* w, const u32* plan, u32 maxa, const float* h, float* y, u32 hidden, u32 inter) {
     ExpertTable Tb = {w, w, 0, 1, 1};
-    moe_mma_body<0, 1>(Tb, plan, maxa, h, y, 0, hidden, inter);
+    moe_mma_body<0, 1>(Tb, plan, maxa, h, y, 0, hidden, inter, 0, 0, 0);
 }
-extern "C" __global__ void moe_down_fp8_mma(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, const float* h, float* y, u32 hidden, u32 inter) { WEFT_PDL_ENTRY();
+extern "C" __global__ void moe_down_fp8_mma(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const u32* plan, u32 maxa, const float* h, float* y, u32 hidden, u32 inter) {
     ExpertTable Tb = {w, sc, sc_cols, br, bc};
-    moe_mma_body<1, 1>(Tb, plan, maxa, h, y, 0, hidden, inter);
+    moe_mma_body<1, 1>(Tb, plan, maxa, h, y, 0, hidden, inter, 0, 0, 0);
 }
 
 // Dense linears, plain (out[i, r] = W[r, :] · x[i, g(r)], rows grouped `group_rows` per group

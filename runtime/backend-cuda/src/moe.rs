@@ -395,11 +395,9 @@ impl CudaBackend {
         let mut l = self.stream.launch_builder(self.func(EXPERT_KERNELS[0][fp8][path as usize]));
         tables.push(&mut l, false);
         l.arg(&plan).arg(&maxa32).arg(x).arg(&mut h).arg(&k32).arg(&h32).arg(&i32_);
-        // The weight-streaming kernels take the shared chunks in their first blocks, from x
-        // alone (before their wait): the tokens, the chunks and where they start in the table.
-        if path != Path::Mma {
-            l.arg(&m32).arg(&s32).arg(&held32);
-        }
+        // The kernel takes the shared chunks in its first blocks, from x alone (before its
+        // wait): the tokens, the chunks and where they start in the table.
+        l.arg(&m32).arg(&s32).arg(&held32);
         unsafe { l.launch(gu_grid) }.map_err(dev)?;
         let mut y = self.out(n * hidden)?;
         // A single token's down products and combine in one launch (the last block of each
