@@ -168,7 +168,10 @@ __device__ __forceinline__ u32 f32_to_fp8(float x) {
 // kernels of a recorded step graph into programmatic ones (src/pdl.rs), so the next kernel's
 // blocks are launched as this one's blocks exit — not after the whole grid has drained and
 // flushed — and put their static weights on the way into L2 (weft_prefetch_l2, before the
-// wait). Nothing before the wait may read what an earlier kernel wrote or write anything.
+// wait). Nothing before the wait may read what an earlier kernel wrote or write anything —
+// save one case, argued where it is: the decode experts' shared-chunk blocks (moe.cu
+// moe_gate_up_body, mma.cu moe_mma_body) read x and write their own rows of h, launched early
+// by the routing (WEFT_PDL_TRIGGER below) only when x was complete before the router's wait.
 // Variants for comparisons (WEFT_CUDA_KERNEL_DEFINES): WEFT_PDL_EARLY triggers the next grid
 // as soon as every block of this one has started (measured slower: the waiting blocks take
 // SM slots); WEFT_NO_PREFETCH drops the weight prefetch.

@@ -372,7 +372,9 @@ impl CudaBackend {
         }
         unsafe { l.launch(LaunchConfig { grid_dim: (route_grid, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }) }.map_err(dev)?;
         drop(counter);
-        drop(logits);
+        // `logits` (the fused router's) lives to the end: the experts' shared-chunk blocks run
+        // while that launch still does, so h must not be handed its memory (the recording arena
+        // reuses a freed buffer at once).
 
         // Kernel shape: one entry per expert (a single decoding token), a few on CUDA cores,
         // or tensor cores (a sub-group per 16 gate|up rows or 32 down rows, 16 tokens a pass).
