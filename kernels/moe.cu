@@ -424,10 +424,10 @@ __device__ __forceinline__ void st_n(float* p, const float (&v)[N]) {
         for (int i = 0; i < N; i++) p[i] = v[i];
 }
 
-// moe_combine's sum for token t, dims d..d + N, into s.
+// moe_combine's sum for token t, dims d..d + N.
 template <int N>
-__device__ __forceinline__ void combine_sum(const float* y, const float* wts, const u32* ids, u32 E, u32 S, u32 first, u32 held, const float* add, int has_add, u32 k, u32 hidden, i64 t, u32 d, float (&s)[N]) {
-    float v[N];
+__device__ __forceinline__ void combine_dims(const float* y, const float* wts, const u32* ids, u32 E, u32 S, u32 first, u32 held, const float* add, int has_add, float* out, u32 k, u32 hidden, i64 t, u32 d) {
+    float s[N], v[N];
     for (int i = 0; i < N; i++) s[i] = 0.f;
     for (u32 j = 0; j < k; j++)
         if (local_expert(ids[t * k + j], E, S, first, held) < held + S) {
@@ -439,11 +439,6 @@ __device__ __forceinline__ void combine_sum(const float* y, const float* wts, co
         ld_n<N>(add + t * hidden + d, v);
         for (int i = 0; i < N; i++) s[i] += v[i];
     }
-}
-template <int N>
-__device__ __forceinline__ void combine_dims(const float* y, const float* wts, const u32* ids, u32 E, u32 S, u32 first, u32 held, const float* add, int has_add, float* out, u32 k, u32 hidden, i64 t, u32 d) {
-    float s[N];
-    combine_sum<N>(y, wts, ids, E, S, first, held, add, has_add, k, hidden, t, d, s);
     st_n<N>(out + t * hidden + d, s);
 }
 
@@ -458,7 +453,7 @@ extern "C" __global__ void moe_combine(const float* __restrict__ y, const float*
 }
 
 // moe_combine and then add_rms_norm of its output (the next layer's input norm) in one launch:
-// block t sums token t's slots (combine_sum: moe_combine's order and bits), adds them into the
+// block t sums token t's slots (combine_dims' order and bits), adds them into the
 // residual row (written back) and norms it (rms_v4_scale: add_rms_norm's order and bits), the
 // row held in registers as rms_row_v4 holds it. The host sizes the block by the row as for
 // the norms (ops.rs norm_cfg) and takes this kernel only for rows rms_row_v4 takes. One
@@ -467,18 +462,40 @@ extern "C" __global__ void moe_combine_add_rms_norm(const float* __restrict__ y,
     __shared__ float sh[BLOCK];
     const i64 t = blockIdx.x;
     float* rt = res + t * hidden;
-    float4 v[RMS_V], wv[RMS_V];
+    float4 v[RMS_V], wv[RMS_V], r[RMS_V];
+    const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+    bool ok[RMS_V];
+    // The residual and the norm weights first (one latency with the sums, not after them).
 #pragma unroll
     for (int q = 0; q < RMS_V; q++) {
         const u32 j = 4 * (threadIdx.x + q * blockDim.x);
-        v[q] = wv[q] = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (j >= hidden) continue;
-        float s[4];
-        combine_sum<4>(y, wts, ids, E, S, first, held, add, has_add, k, hidden, t, j, s);
-        const float4 r = *(const float4*)(rt + j);
-        v[q] = make_float4(r.x + s[0], r.y + s[1], r.z + s[2], r.w + s[3]);
+        ok[q] = j < hidden;
+        v[q] = z;
+        r[q] = ok[q] ? *(const float4*)(rt + j) : z;
+        wv[q] = ok[q] ? *(const float4*)(nw + j) : z;
+    }
+    // moe_combine's sums (combine_sum's order per value), both of a thread's float4s slot by
+    // slot: one pass over the slots' ids and weights, not one a float4.
+    for (u32 s = 0; s < k; s++)
+        if (local_expert(ids[t * k + s], E, S, first, held) < held + S) {
+            const float w = wts[t * k + s];
+#pragma unroll
+            for (int q = 0; q < RMS_V; q++)
+                if (ok[q]) {
+                    const float4 a = *(const float4*)(y + (t * k + s) * hidden + 4 * (threadIdx.x + q * blockDim.x));
+                    v[q].x += w * a.x, v[q].y += w * a.y, v[q].z += w * a.z, v[q].w += w * a.w;
+                }
+        }
+#pragma unroll
+    for (int q = 0; q < RMS_V; q++) {
+        if (!ok[q]) continue;
+        const u32 j = 4 * (threadIdx.x + q * blockDim.x);
+        if (has_add) {
+            const float4 a = *(const float4*)(add + t * hidden + j);
+            v[q].x += a.x, v[q].y += a.y, v[q].z += a.z, v[q].w += a.w;
+        }
+        v[q] = make_float4(r[q].x + v[q].x, r[q].y + v[q].y, r[q].z + v[q].z, r[q].w + v[q].w);
         *(float4*)(rt + j) = v[q];
-        wv[q] = *(const float4*)(nw + j);
     }
     rms_v4_scale(v, wv, out + t * hidden, hidden, eps, sh);
 }

@@ -28,7 +28,8 @@ fi
   for s in "${SETS[@]}"; do
     t0=$(date +%s)
     echo "== moonlight bf16 cache ($s, round $r)" | tee -a "$R"
-    env ${s//,/ } timeout 120 .device/roofline models/dummy/moonlight-16b-a3b --dummy --batch ${BATCH:-1,8,64} --ctx ${CTX:-1024} --prefill 16 --steps 4 --kv-cache-dtype bf16 2>&1 | grep -E "^\| [0-9]|panicked|rror" | tee -a "$R"
+    # (240 s: a kernel variant's first run compiles the kernels, ~100 s; run 1 lost a row to 120.)
+    env ${s//,/ } timeout 240 .device/roofline models/dummy/moonlight-16b-a3b --dummy --batch ${BATCH:-1,8,64} --ctx ${CTX:-1024} --prefill 16 --steps 4 --kv-cache-dtype bf16 2>&1 | grep -E "^\| [0-9]|panicked|rror" | tee -a "$R"
     if [[ $r == 1 && -n ${KIMI:-1} ]]; then
       echo "== kimi-k2 slice bf16 cache ($s, round $r)" | tee -a "$R"
       env ${s//,/ } timeout 100 .device/roofline models/dummy/kimi-k2-slice --dummy --batch 1,64 --ctx 1024 --prefill 16 --steps 4 --kv-cache-dtype bf16 2>&1 | grep -E "^\| [0-9]|panicked|rror" | tee -a "$R"
@@ -37,12 +38,15 @@ fi
   done
 done
 [[ $P == *" trace "* ]] && {
-  for s in ${TRACE_SETS:-WEFT_X=1}; do
-    # The trace is a kernel variant: its defines join the setting's.
-    d=WEFT_TRACE; [[ $s == WEFT_CUDA_KERNEL_DEFINES=* ]] && d="$d,${s#WEFT_CUDA_KERNEL_DEFINES=}" && s=WEFT_X=1
-    echo "== moonlight bf16 cache, traced ($d; $s)" | tee -a "$R"
-    env ${s//,/ } WEFT_CUDA_KERNEL_DEFINES=$d timeout 150 .device/roofline models/dummy/moonlight-16b-a3b --dummy --batch ${TRACE_BATCH:-1} --ctx 1024 --prefill 16 --steps 4 --kv-cache-dtype bf16 --trace 2>&1 | grep -E "^\| |^\(trace|^\(grids|panicked|rror" | tee -a "$R"
-  done
+  for b in ${TRACE_BATCH:-1}; do for s in ${TRACE_SETS:-WEFT_X=1}; do
+    # The trace is a kernel variant: a setting's kernel defines (one each) join it.
+    d=WEFT_TRACE; e=WEFT_X=1
+    for w in ${s//,/ }; do
+      if [[ $w == WEFT_CUDA_KERNEL_DEFINES=* ]]; then d="$d,${w#WEFT_CUDA_KERNEL_DEFINES=}"; else e="$e $w"; fi
+    done
+    echo "== moonlight bf16 cache batch $b, traced ($d; $e)" | tee -a "$R"
+    env $e WEFT_CUDA_KERNEL_DEFINES=$d timeout 240 .device/roofline models/dummy/moonlight-16b-a3b --dummy --batch $b --ctx 1024 --prefill 16 --steps 4 --kv-cache-dtype bf16 --trace 2>&1 | grep -E "^\| |^\(trace|^\(grids|panicked|rror" | tee -a "$R"
+  done; done
 }
 echo "(script took $SECONDS s)" | tee -a "$R"
 true
