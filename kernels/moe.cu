@@ -424,20 +424,32 @@ __device__ __forceinline__ void st_n(float* p, const float (&v)[N]) {
         for (int i = 0; i < N; i++) p[i] = v[i];
 }
 
+// Slots a combine reads at once: their ids, weights and rows are all loaded before any is
+// summed (one memory latency a batch, not one a slot: the slot's row is read whether or not
+// its expert counts, its value used only if it does — every entry's row is allocated).
+#define COMBINE_BATCH 8
 // moe_combine's sum for token t, dims d..d + N.
 template <int N>
 __device__ __forceinline__ void combine_dims(const float* y, const float* wts, const u32* ids, u32 E, u32 S, u32 first, u32 held, const float* add, int has_add, float* out, u32 k, u32 hidden, i64 t, u32 d) {
-    float s[N], v[N];
+    float s[N], v[COMBINE_BATCH][N], w[COMBINE_BATCH];
+    bool use[COMBINE_BATCH];
     for (int i = 0; i < N; i++) s[i] = 0.f;
-    for (u32 j = 0; j < k; j++)
-        if (local_expert(ids[t * k + j], E, S, first, held) < held + S) {
-            const float w = wts[t * k + j];
-            ld_n<N>(y + (t * k + j) * hidden + d, v);
-            for (int i = 0; i < N; i++) s[i] += w * v[i];
+    for (u32 j0 = 0; j0 < k; j0 += COMBINE_BATCH) {
+#pragma unroll
+        for (int u = 0; u < COMBINE_BATCH; u++) {
+            const u32 j = min(j0 + u, k - 1);
+            use[u] = j0 + u < k && local_expert(ids[t * k + j], E, S, first, held) < held + S;
+            w[u] = wts[t * k + j];
+            ld_n<N>(y + (t * k + j) * hidden + d, v[u]);
         }
+#pragma unroll
+        for (int u = 0; u < COMBINE_BATCH; u++)
+            if (use[u])
+                for (int i = 0; i < N; i++) s[i] += w[u] * v[u][i];
+    }
     if (has_add) {
-        ld_n<N>(add + t * hidden + d, v);
-        for (int i = 0; i < N; i++) s[i] += v[i];
+        ld_n<N>(add + t * hidden + d, v[0]);
+        for (int i = 0; i < N; i++) s[i] += v[0][i];
     }
     st_n<N>(out + t * hidden + d, s);
 }
@@ -458,7 +470,9 @@ extern "C" __global__ void moe_combine(const float* __restrict__ y, const float*
 // row held in registers as rms_row_v4 holds it. The host sizes the block by the row as for
 // the norms (ops.rs norm_cfg) and takes this kernel only for rows rms_row_v4 takes. One
 // dependent step a layer fewer: both kernels are a few µs of latency at batch 1, moving ~70 KB.
-extern "C" __global__ void moe_combine_add_rms_norm(const float* __restrict__ y, const float* __restrict__ wts, const u32* __restrict__ ids, u32 E, u32 S, u32 first, u32 held, const float* __restrict__ add, int has_add, float* res, const float* nw, float* out, u32 k, u32 hidden, float eps) { WEFT_PDL_ENTRY();
+// At most 64 registers a thread: a 7168-wide row (Kimi-K2) takes 896 threads (round 30: with
+// every row of a batch held at once, 128 registers, the launch failed for want of them).
+extern "C" __global__ void __launch_bounds__(1024) moe_combine_add_rms_norm(const float* __restrict__ y, const float* __restrict__ wts, const u32* __restrict__ ids, u32 E, u32 S, u32 first, u32 held, const float* __restrict__ add, int has_add, float* res, const float* nw, float* out, u32 k, u32 hidden, float eps) { WEFT_PDL_ENTRY();
     __shared__ float sh[BLOCK];
     const i64 t = blockIdx.x;
     float* rt = res + t * hidden;
@@ -474,18 +488,28 @@ extern "C" __global__ void moe_combine_add_rms_norm(const float* __restrict__ y,
         r[q] = ok[q] ? *(const float4*)(rt + j) : z;
         wv[q] = ok[q] ? *(const float4*)(nw + j) : z;
     }
-    // moe_combine's sums (combine_sum's order per value), both of a thread's float4s slot by
-    // slot: one pass over the slots' ids and weights, not one a float4.
-    for (u32 s = 0; s < k; s++)
-        if (local_expert(ids[t * k + s], E, S, first, held) < held + S) {
-            const float w = wts[t * k + s];
+    // moe_combine's sums (combine_dims' order and batches): a batch's ids and weights once for
+    // both of a thread's float4s, then each float4's rows of the batch at once.
+    for (u32 s0 = 0; s0 < k; s0 += COMBINE_BATCH) {
+        float w[COMBINE_BATCH];
+        bool use[COMBINE_BATCH];
 #pragma unroll
-            for (int q = 0; q < RMS_V; q++)
-                if (ok[q]) {
-                    const float4 a = *(const float4*)(y + (t * k + s) * hidden + 4 * (threadIdx.x + q * blockDim.x));
-                    v[q].x += w * a.x, v[q].y += w * a.y, v[q].z += w * a.z, v[q].w += w * a.w;
-                }
+        for (int u = 0; u < COMBINE_BATCH; u++) {
+            const u32 s = min(s0 + u, k - 1);
+            use[u] = s0 + u < k && local_expert(ids[t * k + s], E, S, first, held) < held + S;
+            w[u] = wts[t * k + s];
         }
+#pragma unroll
+        for (int q = 0; q < RMS_V; q++) {
+            if (!ok[q]) continue;
+            float4 a[COMBINE_BATCH];
+#pragma unroll
+            for (int u = 0; u < COMBINE_BATCH; u++) a[u] = *(const float4*)(y + (t * k + min(s0 + u, k - 1)) * hidden + 4 * (threadIdx.x + q * blockDim.x));
+#pragma unroll
+            for (int u = 0; u < COMBINE_BATCH; u++)
+                if (use[u]) v[q].x += w[u] * a[u].x, v[q].y += w[u] * a[u].y, v[q].z += w[u] * a[u].z, v[q].w += w[u] * a[u].w;
+        }
+    }
 #pragma unroll
     for (int q = 0; q < RMS_V; q++) {
         if (!ok[q]) continue;

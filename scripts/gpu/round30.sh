@@ -16,9 +16,11 @@ P=" ${PART:-tests e2e trace} "
 OFF=WEFT_CUDA_KERNEL_DEFINES=WEFT_NO_EARLY_TRIGGER
 SETS=(${SETS:-WEFT_X=1 $OFF})
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee -a "$R"
+# TESTS: test binaries (and filters), `;`-separated; all three by default.
+IFS=';' read -ra TESTS <<< "${TESTS:-step_graphs;kernels golden;kernels_moe}"
 if [[ $P == *" tests "* ]]; then
   for s in WEFT_X=1 ${TEST_SETS:-}; do
-    for t in "step_graphs" "kernels golden" "kernels_moe"; do
+    for t in "${TESTS[@]}"; do
       echo "== cuda-$t-test ($s)" | tee -a "$R"
       env ${s//,/ } timeout 200 .device/cuda-${t% *}-test --test-threads 1 $([[ $t == *" "* ]] && echo ${t#* }) 2>&1 | grep -E "^test |test result|panicked|assert" | cut -c1-400 | tee -a "$R"
     done

@@ -155,6 +155,47 @@ fn moe_block_shared_chunks_match_cpu() {
     }
 }
 
+/// The MoE combine with the residual add and the next norm in its launch
+/// (`Backend::moe_block_routed_add_norm`, `moe_combine_add_rms_norm`) at Moonlight's and Kimi-K2's
+/// widths (2048 and 7168: a block of 256 and of 896 threads), for one and three tokens: the
+/// same bits as the block and `add_rms_norm` apart, residual included, and the CPU's result.
+/// (Round 30: the first version took 128 registers a thread and failed to launch at 7168.)
+#[test]
+fn moe_combine_norm_takes_wide_rows() {
+    let Some(mut g) = gpu() else { return };
+    let c = CpuBackend::new();
+    let mut r = Rng(41);
+    let e = 8;
+    let cfg = RouterConfig { n_experts: e, top_k: 4, n_group: 1, topk_group: 1, norm_topk_prob: true, routed_scaling_factor: 2.5 };
+    for hidden in [2048usize, 7168] {
+        let (mut eg, mut ec) = experts_on_both(&g, &c, &mut r, e + 1, hidden, 64, |r, rows, cols| bf16_matrix(r, rows, cols, 0.05));
+        let (sg, sc) = (eg.split_off(e), ec.split_off(e));
+        let router = HostMatrix::from_f32("model.layers.1.mlp.gate.weight", e, hidden, &r.vec(e * hidden, 0.05));
+        let (rg, rc) = (g.upload_matrix(&router).unwrap(), c.upload_matrix(&router).unwrap());
+        let (bias, nw) = (r.vec(e, 0.3), r.vec(hidden, 1.0));
+        let (bg, nwg) = (g.upload(&bias).unwrap(), g.upload(&nw).unwrap());
+        for m in [1usize, 3] {
+            let (x, res) = (r.vec(m * hidden, 1.0), r.vec(m * hidden, 2.0));
+            let xg = g.upload(&x).unwrap();
+            let mut want_res = res.clone();
+            let want = c.moe_block_routed_add_norm(&x, &rc, &bias, &cfg, (&ec, 0), &sc, (&mut want_res, hidden, &nw, 1e-5)).unwrap();
+            let mut outs = vec![];
+            for fused in [true, false] {
+                g.moe_combine_norm = fused;
+                let mut resg = g.upload(&res).unwrap();
+                let got = g.moe_block_routed_add_norm(&xg, &rg, &bg, &cfg, (&eg, 0), &sg, (&mut resg, hidden, &nwg, 1e-5)).unwrap();
+                let (got, got_res) = (g.download(&got).unwrap(), g.download(&resg).unwrap());
+                let name = format!("moe_block_routed_add_norm hidden {hidden} m={m} in the combine {fused}");
+                check(&name, &got, &want, 1e-3);
+                check(&format!("{name}: residual"), &got_res, &want_res, 1e-4);
+                outs.push((got, got_res));
+            }
+            assert!(outs[0] == outs[1], "hidden {hidden} m={m}: the combine's add and norm must give add_rms_norm's bits");
+        }
+    }
+    g.moe_combine_norm = true;
+}
+
 /// An expert-parallel rank's MoE (`moe_local`, experts `first..first + held`) against the CPU's,
 /// on the device path (routing over every expert, only the held experts' pairs computed and
 /// combined: m = 1, 5, 24, mma on and off; m = 300 through the grouped GEMM) and host routing
