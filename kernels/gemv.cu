@@ -272,6 +272,53 @@ extern "C" __global__ void gemv_f32_t8(const float* w, const float* x, float* ou
     gemv_body<WK_F32, 1, 8>(W, x, out, m, rows, cols, group_rows, xstride);
 }
 
+// The router's product for one decoding token (f32 rows, `cols` a multiple of 4): one sub-group
+// a row, as gemv_f32_t1 takes it, but every lane's first GEMV_PRE_U chunks of its row are
+// loaded into registers *before* the wait — the weights are static, so the row is on its way
+// while the kernel before still runs (add_rms_norm lets this launch in at its start, ops.rs
+// `norm_trigger`), and past the wait only x (L2) stands between the norm and the logits. Chunks
+// past the first pass (rows over GEMV_PRE_U · 128 values: Kimi-K2's 7168) load after it. Each
+// lane sums its chunks in rows_dot's order (lane, lane + sub-group, ...), the same expression,
+// then warp_sum: gemv_f32_t1's bits. Small blocks (the host launches two sub-groups a block)
+// spread the rows over many SMs: 64 rows in 8 blocks of 8 sub-groups took ~4.3 µs a layer on
+// an H100 (round 29), most of it two memory latencies on 8 SMs.
+#define GEMV_PRE_U 16
+extern "C" __global__ void gemv_f32_pre_t1(const float* w, const float* x, float* out, u32 rows, u32 cols) {
+    const u32 lane = threadIdx.x % WEFT_WARP, n = cols / 4;
+    const u32 r = blockIdx.x * (blockDim.x / WEFT_WARP) + threadIdx.x / WEFT_WARP;
+    const uint4* row = (const uint4*)(w + (i64)min(r, rows - 1) * cols);
+    uint4 v[GEMV_PRE_U];
+#pragma unroll
+    for (int u = 0; u < GEMV_PRE_U; u++) {
+        const u32 c = lane + u * WEFT_WARP;
+        v[u] = r < rows && c < n ? ld_stream(row + c) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    WEFT_PDL_ENTRY();
+    // The routing's launch in now, as gemv_f32_t1 does (gemv_body): x was complete at the wait.
+    WEFT_PDL_TRIGGER();
+    if (r >= rows) return;
+    float acc = 0.f;
+    for (u32 c0 = lane; c0 < n; c0 += WEFT_WARP * GEMV_PRE_U) {
+        if (c0 != lane) {
+#pragma unroll
+            for (int u = 0; u < GEMV_PRE_U; u++) {
+                const u32 c = c0 + u * WEFT_WARP;
+                v[u] = c < n ? ld_stream(row + c) : make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_PRE_U; u++) {
+            const u32 c = c0 + u * WEFT_WARP;
+            if (c >= n) break;
+            const float w4[4] = {__uint_as_float(v[u].x), __uint_as_float(v[u].y), __uint_as_float(v[u].z), __uint_as_float(v[u].w)};
+            const float4 a = *(const float4*)(x + (i64)c * 4);
+            acc += w4[0] * a.x + w4[1] * a.y + w4[2] * a.z + w4[3] * a.w;
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) out[r] = acc;
+}
+
 // fp8 block-scaled weights to bf16 (for the tensor-core GEMM of large batches).
 extern "C" __global__ void dequant_fp8_bf16(const unsigned char* w, const float* sc, u32 sc_cols, u32 br, u32 bc, u16* out, u32 rows, u32 cols) { WEFT_PDL_ENTRY();
     i64 n = (i64)rows * cols;

@@ -277,6 +277,9 @@ __device__ void mla_uv_merge_body(WeightRef W, const float* o_part, const float*
     const u32 warps = blockDim.x / WEFT_WARP;
     const u32 b0 = blockIdx.x * warps * R;
     if (threadIdx.x == 0) prefetch_rows<KIND>(W, b0, warps * R, rows, cols);
+#ifdef WEFT_MLA_TRIGGER
+    WEFT_PDL_TRIGGER();  // (a variant: the output projection's blocks in to prefetch its rows)
+#endif
     WEFT_PDL_ENTRY();
     const u32 heads = rows / group_rows, g = b0 / group_rows;
     for (u32 t = 0; t < m; t++) {

@@ -332,7 +332,12 @@ extern "C" __global__ void __launch_bounds__(128, 1) mla_decode_wg_bf16(const u1
     WEFT_PDL_ENTRY();
     mla_wg_body<1>(layer, q_lat, q_pe, bt, bt_off, ctx, o_part, ml_part, heads, groups, gsize, latent, rd, page, scale, chunk);
 }
+// WEFT_MLA_TRIGGER (a variant for comparisons): the next launch (W_UV with the merge, whose
+// blocks prefetch W_UV's rows before their wait) in at this one's start.
 extern "C" __global__ void __launch_bounds__(256, 1) mla_decode_wg2_bf16(const u16* layer, const float* q_lat, const float* q_pe, const u32* bt, const u32* bt_off, const u32* ctx, float* o_part, float* ml_part, u32 heads, u32 groups, u32 gsize, u32 latent, u32 rd, u32 page, float scale, u32 chunk) {
+#ifdef WEFT_MLA_TRIGGER
+    WEFT_PDL_TRIGGER();
+#endif
     WEFT_PDL_ENTRY();
     mla_wg_body<2>(layer, q_lat, q_pe, bt, bt_off, ctx, o_part, ml_part, heads, groups, gsize, latent, rd, page, scale, chunk);
 }

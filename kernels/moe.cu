@@ -472,7 +472,10 @@ extern "C" __global__ void moe_combine(const float* __restrict__ y, const float*
 // dependent step a layer fewer: both kernels are a few µs of latency at batch 1, moving ~70 KB.
 // At most 64 registers a thread: a 7168-wide row (Kimi-K2) takes 896 threads (round 30: with
 // every row of a batch held at once, 128 registers, the launch failed for want of them).
-extern "C" __global__ void __launch_bounds__(1024) moe_combine_add_rms_norm(const float* __restrict__ y, const float* __restrict__ wts, const u32* __restrict__ ids, u32 E, u32 S, u32 first, u32 held, const float* __restrict__ add, int has_add, float* res, const float* nw, float* out, u32 k, u32 hidden, float eps) { WEFT_PDL_ENTRY();
+extern "C" __global__ void __launch_bounds__(1024) moe_combine_add_rms_norm(const float* __restrict__ y, const float* __restrict__ wts, const u32* __restrict__ ids, u32 E, u32 S, u32 first, u32 held, const float* __restrict__ add, int has_add, float* res, const float* nw, float* out, u32 k, u32 hidden, float eps, int early) {
+    // `early`: the next launch (the next layer's first GEMV) in at once, as add_rms_norm's.
+    if (early) WEFT_PDL_TRIGGER();
+    WEFT_PDL_ENTRY();
     __shared__ float sh[BLOCK];
     const i64 t = blockIdx.x;
     float* rt = res + t * hidden;

@@ -141,7 +141,12 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
     else rms_row(x + o, w, out + o, dim, eps, sh);
 }
 
-extern "C" __global__ void add_rms_norm(float* res, const float* delta, const float* w, float* out, u32 dim, float eps) { WEFT_PDL_ENTRY();
+// `early` (a single row, ops.rs `norm_trigger`): the next launch in at once. Its blocks read
+// nothing before their wait but static weights (weft_port.h), so they may load them while this
+// one block works — the router's rows (gemv_f32_pre_t1), or a GEMV's prefetch.
+extern "C" __global__ void add_rms_norm(float* res, const float* delta, const float* w, float* out, u32 dim, float eps, int early) {
+    if (early) WEFT_PDL_TRIGGER();
+    WEFT_PDL_ENTRY();
     __shared__ float sh[BLOCK];
     i64 o = (i64)blockIdx.x * dim;
     if (rms_v4_fits(dim, res + o, delta + o, w, out + o)) {

@@ -199,6 +199,15 @@ impl CudaBackend {
     /// (the heads of a per-head linear; 1 for a plain linear), x rows `groups * cols` wide.
     pub(crate) fn gemv(&self, w: &CudaMatrix, x: &CudaSlice<f32>, m: usize, groups: usize) -> Result<CudaSlice<f32>> {
         let mut out = self.out(m * w.rows)?;
+        if let (Some(f), true) = (&w.f32_data, m == 1 && groups == 1 && self.router_pre && w.rows > 0) {
+            // The router of one token: its rows loaded before the wait, two sub-groups a block.
+            let (rows, cols) = (w.rows as u32, w.cols as u32);
+            let cfg = LaunchConfig { grid_dim: (w.rows.div_ceil(2) as u32, 1, 1), block_dim: (2 * crate::SUBGROUP, 1, 1), shared_mem_bytes: 0 };
+            let mut l = self.stream.launch_builder(self.func("gemv_f32_pre_t1"));
+            l.arg(f).arg(x).arg(&mut out).arg(&rows).arg(&cols);
+            unsafe { l.launch(cfg) }.map_err(dev)?;
+            return Ok(out);
+        }
         let warps = (THREADS / crate::SUBGROUP) as usize;
         let group_rows = w.rows / groups;
         let r = if w.f32_data.is_some() { 1 } else { rows_per_subgroup(w.rows, group_rows, m, self.num_sms) };

@@ -528,7 +528,7 @@ impl CudaBackend {
         m: usize,
         k: usize,
         hidden: usize,
-        mut norm: Option<NormAfter<'_>>,
+        norm: Option<NormAfter<'_>>,
     ) -> Result<CudaSlice<f32>> {
         let (e, s, first, held) = experts;
         let (e32, s32, first32, held32, k32, h32) = (e as u32, s as u32, first as u32, held as u32, k as u32, hidden as u32);
@@ -537,16 +537,20 @@ impl CudaBackend {
         let add = shared.unwrap_or(y);
         let has_add = shared.is_some() as i32;
         // (The block as the norms size it, within what the kernel's registers allow.)
-        let block = crate::ops::norm_cfg(m, hidden).block_dim.0 as usize;
+        let ncfg = crate::ops::norm_cfg(m, hidden);
+        let block = ncfg.block_dim.0 as usize;
         let launches = self.max_threads.get("moe_combine_add_rms_norm").is_some_and(|&t| block <= t);
-        let fits = |n: &NormAfter<'_>| self.moe_combine_norm && launches && hidden % 4 == 0 && hidden <= 8 * 1024 && n.residual.len() == m * hidden && n.weight.len() >= hidden;
-        if let Some(n) = norm.as_ref().is_some_and(fits).then(|| norm.take()).flatten() {
-            let mut l = self.stream.launch_builder(self.func("moe_combine_add_rms_norm"));
-            l.arg(y).arg(wts).arg(ids).arg(&e32).arg(&s32).arg(&first32).arg(&held32).arg(add).arg(&has_add);
-            l.arg(n.residual).arg(n.weight).arg(&mut out).arg(&k32).arg(&h32).arg(&n.eps);
-            unsafe { l.launch(crate::ops::norm_cfg(m, hidden)) }.map_err(dev)?;
-            return Ok(out);
-        }
+        let norm = match norm {
+            Some(n) if self.moe_combine_norm && launches && hidden % 4 == 0 && hidden <= 8 * 1024 && n.residual.len() == m * hidden && n.weight.len() >= hidden => {
+                let early = (m == 1 && self.norm_trigger & 2 != 0) as i32;
+                let mut l = self.stream.launch_builder(self.func("moe_combine_add_rms_norm"));
+                l.arg(y).arg(wts).arg(ids).arg(&e32).arg(&s32).arg(&first32).arg(&held32).arg(add).arg(&has_add);
+                l.arg(n.residual).arg(n.weight).arg(&mut out).arg(&k32).arg(&h32).arg(&n.eps).arg(&early);
+                unsafe { l.launch(ncfg) }.map_err(dev)?;
+                return Ok(out);
+            }
+            other => other,
+        };
         let mut l = self.stream.launch_builder(self.func("moe_combine"));
         l.arg(y).arg(wts).arg(ids).arg(&e32).arg(&s32).arg(&first32).arg(&held32).arg(add).arg(&has_add).arg(&mut out).arg(&k32).arg(&h32);
         let combine_threads = 128u32;

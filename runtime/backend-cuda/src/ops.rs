@@ -430,8 +430,9 @@ impl Backend for CudaBackend {
         let m = check_rows("add_rms_norm", residual.len(), dim)?;
         let d = dim as u32;
         let mut out = self.out(m * dim)?;
+        let early = (m == 1 && self.norm_trigger & 1 != 0) as i32;
         let mut l = self.stream.launch_builder(self.func("add_rms_norm"));
-        l.arg(residual).arg(delta).arg(weight).arg(&mut out).arg(&d).arg(&eps);
+        l.arg(residual).arg(delta).arg(weight).arg(&mut out).arg(&d).arg(&eps).arg(&early);
         unsafe { l.launch(norm_cfg(m, dim)) }.map_err(dev)?;
         Ok(out)
     }

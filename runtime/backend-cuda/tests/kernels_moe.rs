@@ -196,6 +196,32 @@ fn moe_combine_norm_takes_wide_rows() {
     g.moe_combine_norm = true;
 }
 
+/// The router of a single token with its rows loaded before the wait (`gemv_f32_pre_t1`) at
+/// Moonlight's, DeepSeek-V3's and Kimi-K2's shapes (64 × 2048, 256 × 7168, 384 × 7168: one pass
+/// and four), and a row count that leaves a block half empty: gemv_f32_t1's bits, the CPU's values.
+#[test]
+fn router_rows_load_before_the_wait() {
+    let Some(mut g) = gpu() else { return };
+    let c = CpuBackend::new();
+    let mut r = Rng(43);
+    for (rows, cols) in [(64usize, 2048usize), (256, 7168), (384, 7168), (7, 512)] {
+        let router = HostMatrix::from_f32("model.layers.1.mlp.gate.weight", rows, cols, &r.vec(rows * cols, 0.05));
+        let (wg, wc) = (g.upload_matrix(&router).unwrap(), c.upload_matrix(&router).unwrap());
+        let x = r.vec(cols, 1.0);
+        let xg = g.upload(&x).unwrap();
+        let want = c.linear(&x, &wc).unwrap();
+        let mut outs = vec![];
+        for pre in [true, false] {
+            g.router_pre = pre;
+            let got = g.download(&g.linear(&xg, &wg).unwrap()).unwrap();
+            check(&format!("router {rows}x{cols}, rows before the wait {pre}"), &got, &want, 1e-4);
+            outs.push(got);
+        }
+        assert!(outs[0] == outs[1], "{rows}x{cols}: the router's rows loaded before the wait must give gemv_f32_t1's bits");
+    }
+    g.router_pre = true;
+}
+
 /// An expert-parallel rank's MoE (`moe_local`, experts `first..first + held`) against the CPU's,
 /// on the device path (routing over every expert, only the held experts' pairs computed and
 /// combined: m = 1, 5, 24, mma on and off; m = 300 through the grouped GEMM) and host routing
