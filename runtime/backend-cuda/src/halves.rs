@@ -9,7 +9,8 @@
 //! the same arithmetic in the same order as the ops one after the other: the same bits.
 //! `WEFT_CUDA_HALVES=0` runs the ops apart, for comparisons.
 
-use crate::ops::{cfg, flat, Act};
+use crate::cublas_gemm::Act;
+use crate::ops::{cfg, flat};
 use crate::{dev, CudaBackend, CudaMatrix};
 use cudarc::driver::{CudaSlice, PushKernelArg};
 use weft_backend::Result;

@@ -27,6 +27,7 @@ compile_error!("weft-cuda: enable `cuda` (default), `hip` or `hip-mock`");
 #[cfg(any(feature = "hip", feature = "hip-mock"))]
 extern crate weft_hip_driver as cudarc;
 
+mod cublas_gemm;
 mod dummy;
 #[cfg(feature = "hip-mock")]
 mod emu;
