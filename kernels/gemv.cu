@@ -26,25 +26,27 @@ struct WeightRef {
 // decoding sequence (fewer registers, more resident sub-groups) and GEMV_TB otherwise.
 // U (chunks a lane loads per row and pass) may be set by a caller whose rows are a little
 // longer than one pass of the default (Moonlight's down rows: 176 chunks against 128).
-template <int KIND, int R, int T, int U = 8 / R>
-__device__ __forceinline__ void rows_dot(WeightRef W, const u32* rix, u32 nr, u32 cols, const float* x, i64 xstride, const u32* xrow, u32 nt, float (&acc)[R][T]) {
-    constexpr int E = KIND == WK_FP8 ? 16 : KIND == WK_F32 ? 4 : 8;  // elements per 16-byte chunk
-    const u32 lane = threadIdx.x % WEFT_WARP, n = cols / E;
+// One pass of rows_dot over R rows: lane's chunks c0 + u · sub-group (u < U) of each row (and
+// their fp8 scales), loaded before any is used.
+template <int KIND, int R, int U>
+struct RowsPass {
     const uint4* rowp[R];
     const float* srow[R];
+    uint4 v[U][R];
+    float s[U][R];
+
+    __device__ __forceinline__ RowsPass(WeightRef W, const u32* rix, u32 nr, u32 cols) {
+        constexpr int E = KIND == WK_FP8 ? 16 : KIND == WK_F32 ? 4 : 8;
 #pragma unroll
-    for (int q = 0; q < R; q++) {
-        u32 r = rix[q < (int)nr ? q : 0];
-        rowp[q] = (const uint4*)((const unsigned char*)W.w + (i64)r * cols * (16 / E));
-        srow[q] = KIND == WK_FP8 ? W.sc + (i64)(r / W.br) * W.sc_cols : 0;
+        for (int q = 0; q < R; q++) {
+            u32 r = rix[q < (int)nr ? q : 0];
+            rowp[q] = (const uint4*)((const unsigned char*)W.w + (i64)r * cols * (16 / E));
+            srow[q] = KIND == WK_FP8 ? W.sc + (i64)(r / W.br) * W.sc_cols : 0;
+        }
     }
-#pragma unroll
-    for (int q = 0; q < R; q++)
-#pragma unroll
-        for (int t = 0; t < T; t++) acc[q][t] = 0.f;
-    for (u32 c0 = lane; c0 < n; c0 += WEFT_WARP * U) {
-        uint4 v[U][R];
-        float s[U][R];
+
+    __device__ __forceinline__ void load(WeightRef W, u32 c0, u32 n, u32 nr) {
+        constexpr int E = KIND == WK_FP8 ? 16 : KIND == WK_F32 ? 4 : 8;
 #pragma unroll
         for (int u = 0; u < U; u++) {
             u32 c = c0 + u * WEFT_WARP;
@@ -55,6 +57,12 @@ __device__ __forceinline__ void rows_dot(WeightRef W, const u32* rix, u32 nr, u3
                 s[u][q] = KIND == WK_FP8 && ok ? srow[q][(c * E) / W.bc] : 1.f;
             }
         }
+    }
+
+    // acc[q][t] += the loaded chunks times the activation rows' (rows_dot's order).
+    template <int T>
+    __device__ __forceinline__ void dot(u32 c0, u32 n, const float* x, i64 xstride, const u32* xrow, u32 nt, float (&acc)[R][T]) const {
+        constexpr int E = KIND == WK_FP8 ? 16 : KIND == WK_F32 ? 4 : 8;
 #pragma unroll
         for (int u = 0; u < U; u++) {
             u32 c = c0 + u * WEFT_WARP;
@@ -86,6 +94,32 @@ __device__ __forceinline__ void rows_dot(WeightRef W, const u32* rix, u32 nr, u3
                 }
         }
     }
+};
+
+// acc[q][t] = W[rix[q], :] · X[xrow[t], :] for q < nr (<= R) rows, t < nt (<= T) activation
+// rows `xstride` apart from `x`; summed over the sub-group, every lane ends with the totals.
+// Each lane keeps 8 sixteen-byte weight loads in flight (U chunks of R rows) before it does any
+// arithmetic, so a sub-group has 4 KB of weights in flight; the activation chunk of a column is
+// read once and used for all R rows (R > 1 cuts the activation traffic through L1 by R, which
+// is what limits batches of several rows). T, the activation rows per pass, is 1 for a single
+// decoding sequence (fewer registers, more resident sub-groups) and GEMV_TB otherwise.
+// U (chunks a lane loads per row and pass) may be set by a caller whose rows are a little
+// longer than one pass of the default (Moonlight's down rows: 176 chunks against 128).
+// `first`: the first pass already loaded (gemv_body, before its wait), else null.
+template <int KIND, int R, int T, int U = 8 / R>
+__device__ __forceinline__ void rows_dot(WeightRef W, const u32* rix, u32 nr, u32 cols, const float* x, i64 xstride, const u32* xrow, u32 nt, float (&acc)[R][T], const RowsPass<KIND, R, U>* first = nullptr) {
+    constexpr int E = KIND == WK_FP8 ? 16 : KIND == WK_F32 ? 4 : 8;  // elements per 16-byte chunk
+    const u32 lane = threadIdx.x % WEFT_WARP, n = cols / E;
+#pragma unroll
+    for (int q = 0; q < R; q++)
+#pragma unroll
+        for (int t = 0; t < T; t++) acc[q][t] = 0.f;
+    if (first) first->template dot<T>(lane, n, x, xstride, xrow, nt, acc);
+    RowsPass<KIND, R, U> p(W, rix, nr, cols);
+    for (u32 c0 = first ? lane + WEFT_WARP * U : lane; c0 < n; c0 += WEFT_WARP * U) {
+        p.load(W, c0, n, nr);
+        p.template dot<T>(c0, n, x, xstride, xrow, nt, acc);
+    }
 #pragma unroll
     for (int q = 0; q < R; q++)
 #pragma unroll
@@ -106,8 +140,10 @@ __device__ __forceinline__ void prefetch_rows(WeightRef W, u32 r0, u32 n, u32 ro
 
 // The calling sub-group's rows r0.. (R of them, clipped to `rows`) times the m activation rows
 // `xstride` apart from `xg`, into out[i, r] (rows `rows` wide).
+// `first`: the sub-group's first pass over its rows, loaded before the caller's wait (used for
+// the first T activation rows).
 template <int KIND, int R, int T>
-__device__ __forceinline__ void gemv_rows(WeightRef W, const float* xg, u32 xstride, float* out, u32 m, u32 rows, u32 cols, u32 r0) {
+__device__ __forceinline__ void gemv_rows(WeightRef W, const float* xg, u32 xstride, float* out, u32 m, u32 rows, u32 cols, u32 r0, const RowsPass<KIND, R, 8 / R>* first = nullptr) {
     const u32 nr = min((u32)R, rows - r0);
     u32 rix[R];
 #pragma unroll
@@ -118,7 +154,7 @@ __device__ __forceinline__ void gemv_rows(WeightRef W, const float* xg, u32 xstr
         for (int t = 0; t < T; t++) idx[t] = t0 + t;
         float acc[R][T];
         const u32 nt = min((u32)T, m - t0);
-        rows_dot<KIND, R, T>(W, rix, nr, cols, xg, xstride, idx, nt, acc);
+        rows_dot<KIND, R, T>(W, rix, nr, cols, xg, xstride, idx, nt, acc, t0 == 0 ? first : nullptr);
         if (threadIdx.x % WEFT_WARP == 0)
             for (u32 t = 0; t < nt; t++)
 #pragma unroll
@@ -138,11 +174,29 @@ __device__ void gemv_body(WeightRef W, const float* x, float* out, u32 m, u32 ro
     // This block's rows are one contiguous range of the (static) weights: on their way to L2
     // while the previous kernel finishes.
     if (threadIdx.x == 0) prefetch_rows<KIND>(W, b * warps * R, warps * R, rows, cols);
+    const u32 r0 = (b * warps + threadIdx.x / WEFT_WARP) * R;
+#ifndef WEFT_GEMV_NO_PRELOAD
+    // A single token's sub-group loads its first pass (the whole row of up to 2,048 bf16
+    // values) into registers before the wait — static weights: a block resident while the
+    // kernel before still runs (a single-row norm lets this launch in at its start, ops.rs
+    // `norm_trigger`) has its rows in hand when the wait returns. Same order, same bits.
+    if (T == 1 && r0 < rows) {
+        u32 rix[R];
+#pragma unroll
+        for (int q = 0; q < R; q++) rix[q] = r0 + q;
+        const u32 nr = min((u32)R, rows - r0), n = cols / (KIND == WK_FP8 ? 16 : KIND == WK_F32 ? 4 : 8);
+        RowsPass<KIND, R, 8 / R> first(W, rix, nr, cols);
+        first.load(W, threadIdx.x % WEFT_WARP, n, nr);
+        WEFT_PDL_ENTRY();
+        if (KIND == WK_F32) WEFT_PDL_TRIGGER();
+        gemv_rows<KIND, R, T>(W, x + (i64)(r0 / group_rows) * cols, xstride, out, m, rows, cols, r0, &first);
+        return;
+    }
+#endif
     WEFT_PDL_ENTRY();
     // f32 is the MoE router (a comparison mode aside): the routing's launch in now, so that the
     // one after it (the experts, whose shared chunks need only x) comes in early too (moe.cu).
     if (KIND == WK_F32) WEFT_PDL_TRIGGER();
-    u32 r0 = (b * warps + threadIdx.x / WEFT_WARP) * R;
     if (r0 >= rows) return;
     gemv_rows<KIND, R, T>(W, x + (i64)(r0 / group_rows) * cols, xstride, out, m, rows, cols, r0);
 }

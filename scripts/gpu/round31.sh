@@ -4,7 +4,9 @@
 # (gemv_f32_pre_t1; WEFT_CUDA_ROUTER_PRE=0 for gemv_f32_t1), and single-row norms that let the
 # next launch in at their start (WEFT_CUDA_NORM_TRIGGER, a bit mask: 1 add_rms_norm, the
 # post-attention norm before the router; 2 moe_combine_add_rms_norm, before the next layer's
-# first GEMV; default 1); WEFT_CUDA_KERNEL_DEFINES=WEFT_MLA_TRIGGER lets W_UV's and o_proj's
+# first GEMV; default 1); weight-streaming GEMVs of one token loading their first pass before
+# their wait (WEFT_CUDA_KERNEL_DEFINES=WEFT_GEMV_NO_PRELOAD: after it, round 30's code; with the
+# two settings off, round 30's default); WEFT_CUDA_KERNEL_DEFINES=WEFT_MLA_TRIGGER lets W_UV's and o_proj's
 # launches in at the start of the MLA decode and W_UV kernels (a variant). PART (space-separated): tests — the step-graph test, the golden
 # fixtures, the MoE kernel tests; e2e — Moonlight (BATCH × CTX) and the Kimi-K2 slice, the
 # SETS alternated ROUNDS times; trace — the kernel trace of a replayed step (Moonlight, each
@@ -13,7 +15,8 @@ set -uo pipefail
 export OUT=${OUT:-.device/out}; mkdir -p "$OUT"
 R="$OUT/round31.md"
 P=" ${PART:-tests e2e trace} "
-SETS=(${SETS:-WEFT_X=1 WEFT_CUDA_NORM_TRIGGER=0 WEFT_CUDA_NORM_TRIGGER=3 WEFT_CUDA_ROUTER_PRE=0,WEFT_CUDA_NORM_TRIGGER=0 WEFT_CUDA_KERNEL_DEFINES=WEFT_MLA_TRIGGER})
+NOPRE=WEFT_CUDA_KERNEL_DEFINES=WEFT_GEMV_NO_PRELOAD
+SETS=(${SETS:-WEFT_X=1 WEFT_CUDA_NORM_TRIGGER=0 WEFT_CUDA_NORM_TRIGGER=3 $NOPRE WEFT_CUDA_ROUTER_PRE=0,WEFT_CUDA_NORM_TRIGGER=0,$NOPRE WEFT_CUDA_KERNEL_DEFINES=WEFT_MLA_TRIGGER})
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee -a "$R"
 # TESTS: test binaries (and filters), `;`-separated; all three by default.
 IFS=';' read -ra TESTS <<< "${TESTS:-step_graphs;kernels golden;kernels_moe}"
