@@ -175,11 +175,13 @@ __device__ void gemv_body(WeightRef W, const float* x, float* out, u32 m, u32 ro
     // while the previous kernel finishes.
     if (threadIdx.x == 0) prefetch_rows<KIND>(W, b * warps * R, warps * R, rows, cols);
     const u32 r0 = (b * warps + threadIdx.x / WEFT_WARP) * R;
-#ifndef WEFT_GEMV_NO_PRELOAD
-    // A single token's sub-group loads its first pass (the whole row of up to 2,048 bf16
-    // values) into registers before the wait — static weights: a block resident while the
-    // kernel before still runs (a single-row norm lets this launch in at its start, ops.rs
-    // `norm_trigger`) has its rows in hand when the wait returns. Same order, same bits.
+#ifdef WEFT_GEMV_PRELOAD
+    // (A variant, not yet measured on a GPU: results round 31.) A single token's sub-group
+    // loads its first pass (the whole row of up to 2,048 bf16 values) into registers before
+    // the wait — static weights: a block resident while the kernel before still runs (a
+    // single-row norm lets this launch in at its start, ops.rs `norm_trigger`) has its rows in
+    // hand when the wait returns. Same order, same bits; 8 more registers a thread (64 / 72
+    // for one / two rows a sub-group). The CPU emulator's build (build.rs) compiles it.
     if (T == 1 && r0 < rows) {
         u32 rix[R];
 #pragma unroll

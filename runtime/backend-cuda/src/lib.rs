@@ -530,13 +530,15 @@ pub struct CudaBackend {
     /// `WEFT_CUDA_MOE_COMBINE_NORM=0` runs `moe_combine` and then `add_rms_norm`).
     pub moe_combine_norm: bool,
     /// The router of a single decoding token (f32 rows) by `gemv_f32_pre_t1`: its rows loaded
-    /// into registers before the kernel's wait, two sub-groups a block (`WEFT_CUDA_ROUTER_PRE=0`:
-    /// `gemv_f32_t1`, eight sub-groups a block loading after the wait; the same bits).
+    /// into registers before the kernel's wait, two sub-groups a block (`WEFT_CUDA_ROUTER_PRE=1`;
+    /// default off — not yet measured on a GPU, results round 31 — `gemv_f32_t1`, eight
+    /// sub-groups a block loading after the wait; the same bits).
     pub router_pre: bool,
     /// Which single-row norms let the next launch in at their start (`WEFT_CUDA_NORM_TRIGGER`,
-    /// a bit mask): 1 `add_rms_norm` (the post-attention norm, before the router), 2
-    /// `moe_combine_add_rms_norm` (before the next layer's first GEMV). The next kernel's blocks
-    /// then load or prefetch their static weights while the norm's one block works.
+    /// a bit mask; default 0, not yet measured): 1 `add_rms_norm` (the post-attention norm,
+    /// before the router), 2 `moe_combine_add_rms_norm` (before the next layer's first GEMV).
+    /// The next kernel's blocks then load (the `WEFT_GEMV_PRELOAD` variant, `gemv_f32_pre_t1`)
+    /// or prefetch their static weights while the norm's one block works.
     pub norm_trigger: u32,
     /// Two weights on the same rows (`linear_pair`) share one weight-streaming launch where both
     /// take the CUDA-core path (`WEFT_CUDA_GEMV_PAIR=0`: two launches, for comparisons).
@@ -857,8 +859,8 @@ impl CudaBackend {
             moe_router_fused: std::env::var("WEFT_CUDA_MOE_ROUTER_FUSED").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             moe_down_combine: std::env::var("WEFT_CUDA_MOE_DOWN_COMBINE").is_ok_and(|v| v != "0"),
             moe_combine_norm: std::env::var("WEFT_CUDA_MOE_COMBINE_NORM").map_or(true, |v| v != "0"),
-            router_pre: std::env::var("WEFT_CUDA_ROUTER_PRE").map_or(true, |v| v != "0"),
-            norm_trigger: std::env::var("WEFT_CUDA_NORM_TRIGGER").ok().and_then(|v| v.parse().ok()).unwrap_or(1),
+            router_pre: std::env::var("WEFT_CUDA_ROUTER_PRE").is_ok_and(|v| v != "0"),
+            norm_trigger: std::env::var("WEFT_CUDA_NORM_TRIGGER").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             gemv_pair: std::env::var("WEFT_CUDA_GEMV_PAIR").map_or(true, |v| v != "0"),
             // Not on HIP: its stand-in GEMM (kernels/gemm.cu) is slower than the decode kernel.
             // The mock build has the path for tests, off unless they turn it on.

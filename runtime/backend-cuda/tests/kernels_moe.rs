@@ -219,7 +219,7 @@ fn router_rows_load_before_the_wait() {
         }
         assert!(outs[0] == outs[1], "{rows}x{cols}: the router's rows loaded before the wait must give gemv_f32_t1's bits");
     }
-    g.router_pre = true;
+    g.router_pre = false;
 }
 
 /// An expert-parallel rank's MoE (`moe_local`, experts `first..first + held`) against the CPU's,

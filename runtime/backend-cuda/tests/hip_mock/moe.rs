@@ -220,5 +220,5 @@ fn router_rows_load_before_the_wait() {
             assert!(outs[0] == outs[1], "the router's rows loaded before the wait must give gemv_f32_t1's bits ({rows}x{cols})");
         }
     }
-    g.router_pre = true;
+    g.router_pre = false;
 }
