@@ -1,6 +1,6 @@
 //! `Backend` for `CudaBackend`: argument checks (the same as the CPU reference's), uploads of
-//! the small host-side arrays each op takes (ids, positions, slots, block tables), kernel
-//! launches and cuBLAS calls.
+//! the small host-side arrays each op takes (ids, positions, slots, block tables), and the
+//! kernel launches (the cuBLAS GEMMs past the weight-streaming paths: `cublas_gemm.rs`).
 
 use crate::cublas_gemm::Act;
 use crate::graphs::StepArray;
