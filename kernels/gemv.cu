@@ -34,9 +34,10 @@ struct RowsPass {
     const float* srow[R];
     uint4 v[U][R];
     float s[U][R];
+    // Elements a 16-byte chunk holds.
+    static constexpr int E = KIND == WK_FP8 ? 16 : KIND == WK_F32 ? 4 : 8;
 
     __device__ __forceinline__ RowsPass(WeightRef W, const u32* rix, u32 nr, u32 cols) {
-        constexpr int E = KIND == WK_FP8 ? 16 : KIND == WK_F32 ? 4 : 8;
 #pragma unroll
         for (int q = 0; q < R; q++) {
             u32 r = rix[q < (int)nr ? q : 0];
@@ -46,7 +47,6 @@ struct RowsPass {
     }
 
     __device__ __forceinline__ void load(WeightRef W, u32 c0, u32 n, u32 nr) {
-        constexpr int E = KIND == WK_FP8 ? 16 : KIND == WK_F32 ? 4 : 8;
 #pragma unroll
         for (int u = 0; u < U; u++) {
             u32 c = c0 + u * WEFT_WARP;
@@ -62,7 +62,6 @@ struct RowsPass {
     // acc[q][t] += the loaded chunks times the activation rows' (rows_dot's order).
     template <int T>
     __device__ __forceinline__ void dot(u32 c0, u32 n, const float* x, i64 xstride, const u32* xrow, u32 nt, float (&acc)[R][T]) const {
-        constexpr int E = KIND == WK_FP8 ? 16 : KIND == WK_F32 ? 4 : 8;
 #pragma unroll
         for (int u = 0; u < U; u++) {
             u32 c = c0 + u * WEFT_WARP;
@@ -108,7 +107,7 @@ struct RowsPass {
 // `first`: the first pass already loaded (gemv_body, before its wait), else null.
 template <int KIND, int R, int T, int U = 8 / R>
 __device__ __forceinline__ void rows_dot(WeightRef W, const u32* rix, u32 nr, u32 cols, const float* x, i64 xstride, const u32* xrow, u32 nt, float (&acc)[R][T], const RowsPass<KIND, R, U>* first = nullptr) {
-    constexpr int E = KIND == WK_FP8 ? 16 : KIND == WK_F32 ? 4 : 8;  // elements per 16-byte chunk
+    constexpr int E = RowsPass<KIND, R, U>::E;
     const u32 lane = threadIdx.x % WEFT_WARP, n = cols / E;
 #pragma unroll
     for (int q = 0; q < R; q++)
@@ -186,7 +185,7 @@ __device__ void gemv_body(WeightRef W, const float* x, float* out, u32 m, u32 ro
         u32 rix[R];
 #pragma unroll
         for (int q = 0; q < R; q++) rix[q] = r0 + q;
-        const u32 nr = min((u32)R, rows - r0), n = cols / (KIND == WK_FP8 ? 16 : KIND == WK_F32 ? 4 : 8);
+        const u32 nr = min((u32)R, rows - r0), n = cols / RowsPass<KIND, R, 8 / R>::E;
         RowsPass<KIND, R, 8 / R> first(W, rix, nr, cols);
         first.load(W, threadIdx.x % WEFT_WARP, n, nr);
         WEFT_PDL_ENTRY();
@@ -333,46 +332,26 @@ extern "C" __global__ void gemv_f32_t8(const float* w, const float* x, float* ou
 // loaded into registers *before* the wait — the weights are static, so the row is on its way
 // while the kernel before still runs (add_rms_norm lets this launch in at its start, ops.rs
 // `norm_trigger`), and past the wait only x (L2) stands between the norm and the logits. Chunks
-// past the first pass (rows over GEMV_PRE_U · 128 values: Kimi-K2's 7168) load after it. Each
-// lane sums its chunks in rows_dot's order (lane, lane + sub-group, ...), the same expression,
-// then warp_sum: gemv_f32_t1's bits. Small blocks (the host launches two sub-groups a block)
+// past the first pass (rows over GEMV_PRE_U · 128 values: Kimi-K2's 7168) load after it, in
+// rows_dot's passes — rows_dot's order and expression whatever U is: gemv_f32_t1's bits. Small blocks (the host launches two sub-groups a block)
 // spread the rows over many SMs: 64 rows in 8 blocks of 8 sub-groups took ~4.3 µs a layer on
 // an H100 (round 29), most of it two memory latencies on 8 SMs.
 #define GEMV_PRE_U 16
 extern "C" __global__ void gemv_f32_pre_t1(const float* w, const float* x, float* out, u32 rows, u32 cols) {
+    const WeightRef W = {w, 0, 0, 1, 1};
     const u32 lane = threadIdx.x % WEFT_WARP, n = cols / 4;
-    const u32 r = blockIdx.x * (blockDim.x / WEFT_WARP) + threadIdx.x / WEFT_WARP;
-    const uint4* row = (const uint4*)(w + (i64)min(r, rows - 1) * cols);
-    uint4 v[GEMV_PRE_U];
-#pragma unroll
-    for (int u = 0; u < GEMV_PRE_U; u++) {
-        const u32 c = lane + u * WEFT_WARP;
-        v[u] = r < rows && c < n ? ld_stream(row + c) : make_uint4(0u, 0u, 0u, 0u);
-    }
+    const u32 r = blockIdx.x * (blockDim.x / WEFT_WARP) + threadIdx.x / WEFT_WARP, nr = r < rows ? 1 : 0;
+    const u32 rix[1] = {min(r, rows - 1)};
+    RowsPass<WK_F32, 1, GEMV_PRE_U> first(W, rix, nr, cols);
+    first.load(W, lane, n, nr);
     WEFT_PDL_ENTRY();
     // The routing's launch in now, as gemv_f32_t1 does (gemv_body): x was complete at the wait.
     WEFT_PDL_TRIGGER();
     if (r >= rows) return;
-    float acc = 0.f;
-    for (u32 c0 = lane; c0 < n; c0 += WEFT_WARP * GEMV_PRE_U) {
-        if (c0 != lane) {
-#pragma unroll
-            for (int u = 0; u < GEMV_PRE_U; u++) {
-                const u32 c = c0 + u * WEFT_WARP;
-                v[u] = c < n ? ld_stream(row + c) : make_uint4(0u, 0u, 0u, 0u);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < GEMV_PRE_U; u++) {
-            const u32 c = c0 + u * WEFT_WARP;
-            if (c >= n) break;
-            const float w4[4] = {__uint_as_float(v[u].x), __uint_as_float(v[u].y), __uint_as_float(v[u].z), __uint_as_float(v[u].w)};
-            const float4 a = *(const float4*)(x + (i64)c * 4);
-            acc += w4[0] * a.x + w4[1] * a.y + w4[2] * a.z + w4[3] * a.w;
-        }
-    }
-    acc = warp_sum(acc);
-    if (lane == 0) out[r] = acc;
+    const u32 xrow[1] = {0};
+    float acc[1][1];
+    rows_dot<WK_F32, 1, 1, GEMV_PRE_U>(W, rix, 1, cols, x, 0, xrow, 1, acc, &first);
+    if (lane == 0) out[r] = acc[0][0];
 }
 
 // fp8 block-scaled weights to bf16 (for the tensor-core GEMM of large batches).
