@@ -1,5 +1,5 @@
 //! With `hip-mock`: builds the CPU emulator of every kernel (`kernels/emu/launch.cpp`) into
-//! this crate, with a launch table of the kernels `src/lib.rs` loads (its `KERNELS` list, read
+//! this crate, with a launch table of the kernels the backend loads (`KERNELS` in src/kernel_build.rs, read
 //! from the source so the two cannot drift) plus the GEMM kernel the HIP driver loads.
 fn main() {
     if std::env::var_os("CARGO_FEATURE_HIP_MOCK").is_none() {
@@ -14,8 +14,8 @@ fn build_emulator() {
     use std::path::Path;
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let kernels = root.join("../../kernels");
-    let lib = std::fs::read_to_string(root.join("src/lib.rs")).expect("read src/lib.rs");
-    let start = lib.find("pub const KERNELS: &[&str] = &[").expect("KERNELS in src/lib.rs");
+    let lib = std::fs::read_to_string(root.join("src/kernel_build.rs")).expect("read src/kernel_build.rs");
+    let start = lib.find("pub const KERNELS: &[&str] = &[").expect("KERNELS in src/kernel_build.rs");
     let list = &lib[start..start + lib[start..].find("];").expect("end of KERNELS")];
     let mut table: String = list.split('"').skip(1).step_by(2).map(|n| format!("K({n})\n")).collect();
     table.push_str("K(gemm_strided)\n");
@@ -24,7 +24,7 @@ fn build_emulator() {
     for f in std::fs::read_dir(&kernels).unwrap().chain(std::fs::read_dir(kernels.join("emu")).unwrap()) {
         println!("cargo:rerun-if-changed={}", f.unwrap().path().display());
     }
-    println!("cargo:rerun-if-changed=src/lib.rs");
+    println!("cargo:rerun-if-changed=src/kernel_build.rs");
     // The emulator runs the GEMVs' pre-wait first pass (a kernel variant on the GPU, off by
     // default): the tests then check its bits; the other path differs only in where the loads go.
     cc::Build::new()
