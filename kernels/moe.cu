@@ -373,8 +373,11 @@ __device__ void moe_down_body(ExpertTable T, const u32* plan, u32 maxa, const fl
         float acc[R][NT];
         rows_dot<FP8, R, NT, MOE_DOWN_U>(W, rix, nr, inter, h, inter, idx, nt, acc);
         if (threadIdx.x % WEFT_WARP == 0)
-            for (u32 q = 0; q < nr; q++)
-                for (u32 t = 0; t < nt; t++) y[(i64)idx[t] * hidden + r0 + q] = acc[q][t];
+#pragma unroll
+            for (int q = 0; q < R; q++)
+#pragma unroll
+                for (int t = 0; t < NT; t++)
+                    if (q < (int)nr && t < (int)nt) y[(i64)idx[t] * hidden + r0 + q] = acc[q][t];
     }
 }
 

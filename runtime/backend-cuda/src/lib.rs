@@ -407,6 +407,27 @@ fn unavailable(reason: String) -> BackendError {
     BackendError::Unavailable { backend: BACKEND, reason }
 }
 
+/// Kernels whose threads keep something in local memory (bytes a thread), by name: an array
+/// indexed at run time, or a value reached through a pointer the compiler cannot resolve, lands
+/// there, and every thread then writes and reads it through the caches — round 31's
+/// pre-loaded GEMV pass sat in 176 bytes of it and cost a Moonlight step 0.45 ms on an H100.
+/// No kernel of `KERNELS` should have any (the device test `kernels_keep_nothing_in_local_memory`).
+#[cfg(feature = "cuda")]
+fn local_memory(funcs: &HashMap<&'static str, CudaFunction>) -> Vec<(&'static str, usize)> {
+    let mut v: Vec<_> = funcs.iter().filter_map(|(&k, f)| Some((k, f.local_size_bytes().ok().filter(|&b| b > 0)? as usize))).collect();
+    v.sort();
+    v
+}
+
+/// Says at start-up which kernels (of this build and kernel variant) use local memory.
+#[cfg(feature = "cuda")]
+fn warn_local_memory(funcs: &HashMap<&'static str, CudaFunction>) {
+    let v = local_memory(funcs);
+    if !v.is_empty() {
+        tracing::warn!("kernels keeping values in local memory (bytes a thread; slow): {v:?}");
+    }
+}
+
 /// cudarc allocates with `cuMemAllocAsync` from the device's default memory pool; by default
 /// the pool hands freed memory back to the driver at every synchronisation, so each step would
 /// allocate afresh. With the release threshold at its maximum the pool keeps what it has
@@ -425,6 +446,13 @@ fn keep_pool_memory(ctx: &CudaContext) {
 }
 
 impl CudaBackend {
+    /// Kernels of this build (and kernel variant) that keep values in local memory, with the
+    /// bytes a thread: `local_memory`.
+    #[cfg(feature = "cuda")]
+    pub fn kernels_in_local_memory(&self) -> Vec<(&'static str, usize)> {
+        local_memory(&self.funcs)
+    }
+
     /// Opens device `ordinal`, compiles the kernels for it and creates the cuBLAS handle.
     /// Machines without the CUDA driver (or NVRTC/cuBLAS) get `Unavailable`, not a panic.
     pub fn new(ordinal: usize) -> Result<Self> {
@@ -451,6 +479,8 @@ impl CudaBackend {
             max_threads.insert(k, f.max_threads_per_block().map_err(dev)? as usize);
             funcs.insert(k, f);
         }
+        #[cfg(feature = "cuda")]
+        warn_local_memory(&funcs);
         use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
         let num_sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(dev)? as usize;
         let smem_optin = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).map_err(dev)? as usize;

@@ -584,6 +584,16 @@ fn bad_arguments_are_errors_not_crashes() {
     assert!(g.embed(&t, &[4]).is_err());
 }
 
+/// No kernel keeps values in local memory (an array indexed at run time, a pointer the
+/// compiler cannot resolve): each thread would write and read them through the caches. Run it
+/// under each kernel variant too (`WEFT_CUDA_KERNEL_DEFINES`): round 31's pre-loaded GEMV pass
+/// sat in 176 bytes a thread and cost 0.45 ms a Moonlight step before ptxas showed why.
+#[test]
+fn kernels_keep_nothing_in_local_memory() {
+    let Some(g) = gpu() else { return };
+    assert_eq!(g.kernels_in_local_memory(), vec![], "kernels with local memory (bytes a thread)");
+}
+
 /// A step recorded into a CUDA graph replays its kernels; one that copies between host and
 /// device while recording is refused (a recorded copy would replay into freed host memory),
 /// and the backend keeps working after the refusal.
