@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine (binaries from scripts/gpu/build_device.sh in .device/): round 31
-# (results/roofline-h200.md; written in the thirty-fourth session, not yet run — no machine
-# could be started). Three opt-in changes for a single decoding token, each off by default:
+# (results/roofline-h200.md; written in the thirty-fourth session, run in the thirty-fifth:
+# none of the three pays, all stay off). Three opt-in changes for a single decoding token, each off by default:
 #   WEFT_CUDA_ROUTER_PRE=1 — the router by gemv_f32_pre_t1 (rows loaded before its wait, two
 #     sub-groups a block) instead of gemv_f32_t1;
 #   WEFT_CUDA_NORM_TRIGGER=N — single-row norms let the next launch in at their start (bit 1
