@@ -345,9 +345,10 @@ extern "C" __global__ void gemv_f32_t8(const float* w, const float* x, float* ou
 // while the kernel before still runs (add_rms_norm lets this launch in at its start, ops.rs
 // `norm_trigger`), and past the wait only x (L2) stands between the norm and the logits. Chunks
 // past the first pass (rows over GEMV_PRE_U · 128 values: Kimi-K2's 7168) load after it, in
-// rows_dot's passes — rows_dot's order and expression whatever U is: gemv_f32_t1's bits. Small blocks (the host launches two sub-groups a block)
-// spread the rows over many SMs: 64 rows in 8 blocks of 8 sub-groups took ~4.3 µs a layer on
-// an H100 (round 29), most of it two memory latencies on 8 SMs.
+// rows_dot's passes — rows_dot's order and expression whatever U is: gemv_f32_t1's bits. Small
+// blocks (the host launches two sub-groups a block) spread the rows over many SMs: 64 rows in 8
+// blocks of 8 sub-groups took ~4.3 µs a layer on an H100 (round 29), most of it two memory
+// latencies on 8 SMs. Within noise of gemv_f32_t1 end to end (round 31), so off by default.
 #define GEMV_PRE_U 16
 extern "C" __global__ void gemv_f32_pre_t1(const float* w, const float* x, float* out, u32 rows, u32 cols) {
     const WeightRef W = {w, 0, 0, 1, 1};
