@@ -266,19 +266,82 @@ pub(crate) fn kernel_define(name: &str) -> Option<String> {
     defs.split(',').find_map(|d| if d == name { Some(String::new()) } else { d.strip_prefix(name)?.strip_prefix('=').map(str::to_string) })
 }
 
+/// The compile options of the kernels: C++17 and a kernel variant's defines (`NAME` or
+/// `NAME=VALUE`, comma-separated; anything else is dropped).
+fn compile_options(defines: &str) -> Vec<String> {
+    let mut options = vec!["--std=c++17".to_string()];
+    options.extend(defines.split(',').filter(|d| !d.is_empty() && d.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '=')).map(|d| format!("-D{d}")));
+    options
+}
+
 /// Compiles every kernel in `kernels/` with NVRTC for `arch` (e.g. "sm_90a"), as the backend
 /// does when it starts. Needs only NVRTC, no GPU (the compile test runs it for every target).
 pub fn compile_kernels(arch: &'static str) -> Result<cudarc::nvrtc::Ptx> {
-    let mut options = vec!["--std=c++17".to_string()];
     // Kernel variants for comparisons: `WEFT_CUDA_KERNEL_DEFINES=WEFT_PDL_EARLY,WEFT_FP8_SOFT` (NAME or NAME=VALUE).
-    if let Ok(defs) = std::env::var("WEFT_CUDA_KERNEL_DEFINES") {
-        options.extend(defs.split(',').filter(|d| !d.is_empty() && d.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '=')).map(|d| format!("-D{d}")));
-    }
+    let options = compile_options(&std::env::var("WEFT_CUDA_KERNEL_DEFINES").unwrap_or_default());
     let opts = cudarc::nvrtc::CompileOptions { arch: Some(arch), options, ..Default::default() };
     let source = kernel_source()?;
     std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(&*source, opts))
         .map_err(|_| unavailable("NVRTC could not be loaded".into()))?
         .map_err(|e| BackendError::Device(format!("compiling kernels/ for {arch}: {e}")))
+}
+
+/// What ptxas gave one kernel entry for a target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryResources {
+    pub name: String,
+    /// Registers a thread.
+    pub registers: u32,
+    /// Local memory a thread holds for values the compiler could not keep in registers (an
+    /// array indexed at run time, an object reached through a pointer it cannot resolve).
+    pub stack_bytes: u32,
+    /// Bytes a thread spills (stores) to local memory for want of registers.
+    pub spill_bytes: u32,
+}
+
+/// Compiles the built-in kernels for the real target `arch` ("sm_90a") with the kernel
+/// variant's `defines` (as `WEFT_CUDA_KERNEL_DEFINES` takes them) down to machine code, and
+/// returns ptxas's account of every entry (`--ptxas-options=-v`): no GPU needed, only NVRTC.
+#[cfg(feature = "cuda")]
+pub fn entry_resources(arch: &str, defines: &str) -> Result<Vec<EntryResources>> {
+    use cudarc::nvrtc::result as nvrtc;
+    let mut options = compile_options(defines);
+    options.extend([format!("--gpu-architecture={arch}"), "--ptxas-options=-v".to_string()]);
+    let src = std::ffi::CString::new(KERNEL_SOURCE).map_err(|e| BackendError::Device(format!("{e}")))?;
+    let err = |what: &str, e: nvrtc::NvrtcError| BackendError::Device(format!("{what} for {arch}: {e:?}"));
+    let log = std::panic::catch_unwind(|| -> Result<String> {
+        let prog = nvrtc::create_program(&src, None).map_err(|e| err("creating the NVRTC program", e))?;
+        let compiled = unsafe { nvrtc::compile_program(prog, &options) };
+        let log = unsafe { nvrtc::get_program_log(prog) }.map_err(|e| err("reading the NVRTC log", e))?;
+        let log = unsafe { std::ffi::CStr::from_ptr(log.as_ptr()) }.to_string_lossy().into_owned();
+        unsafe { nvrtc::destroy_program(prog) }.map_err(|e| err("destroying the NVRTC program", e))?;
+        compiled.map_err(|e| BackendError::Device(format!("compiling kernels/ for {arch}: {e:?}\n{log}")))?;
+        Ok(log)
+    })
+    .map_err(|_| unavailable("NVRTC could not be loaded".into()))??;
+    Ok(parse_ptxas_log(&log))
+}
+
+/// Each entry of a `ptxas -v` log: "Compiling entry function 'NAME' for 'sm_90a'", then its
+/// "N bytes stack frame, S bytes spill stores, ..." and "Used R registers" lines.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn parse_ptxas_log(log: &str) -> Vec<EntryResources> {
+    let number_before = |line: &str, word: &str| -> Option<u32> { line.split(word).next()?.split_whitespace().last()?.parse().ok() };
+    let mut out: Vec<EntryResources> = Vec::new();
+    for line in log.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            let name = rest.split('\'').next().unwrap_or_default().to_string();
+            out.push(EntryResources { name, registers: 0, stack_bytes: 0, spill_bytes: 0 });
+        } else if let Some(e) = out.last_mut() {
+            if line.contains("bytes stack frame") {
+                e.stack_bytes = number_before(line, "bytes stack frame").unwrap_or(0);
+                e.spill_bytes = number_before(line, "bytes spill stores").unwrap_or(0);
+            } else if line.contains(" registers") && line.contains("Used ") {
+                e.registers = number_before(line, "registers").unwrap_or(0);
+            }
+        }
+    }
+    out
 }
 
 /// The target the kernels are compiled for: "sm_90a" etc. on NVIDIA.
@@ -308,5 +371,24 @@ mod tests {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels");
         let joined: Vec<String> = super::KERNEL_FILES.iter().map(|f| std::fs::read_to_string(dir.join(f)).unwrap()).collect();
         assert_eq!(joined.join("\n"), super::KERNEL_SOURCE);
+    }
+
+    /// The parser reads ptxas's lines as NVRTC 13 writes them.
+    #[test]
+    fn ptxas_log_gives_each_entry() {
+        let log = "ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'good' for 'sm_90a'
+ptxas info    : Function properties for good
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 8 registers, used 0 barriers
+ptxas info    : Compiling entry function 'bad_one' for 'sm_90a'
+ptxas info    : Function properties for bad_one
+ptxas         .     176 bytes stack frame, 12 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 64 registers, used 1 barriers, 176 bytes cumulative stack size
+";
+        let e = super::parse_ptxas_log(log);
+        assert_eq!(e.len(), 2);
+        assert_eq!((e[0].name.as_str(), e[0].registers, e[0].stack_bytes, e[0].spill_bytes), ("good", 8, 0, 0));
+        assert_eq!((e[1].name.as_str(), e[1].registers, e[1].stack_bytes, e[1].spill_bytes), ("bad_one", 64, 176, 12));
     }
 }

@@ -36,9 +36,11 @@ mod gqa;
 mod graphs;
 mod halves;
 mod kernel_build;
+#[cfg(feature = "cuda")]
+pub use kernel_build::entry_resources;
 pub(crate) use kernel_build::kernel_define;
 use kernel_build::{arch_number, device_arch};
-pub use kernel_build::{compile_kernels, KERNELS, KERNEL_SOURCE};
+pub use kernel_build::{compile_kernels, EntryResources, KERNELS, KERNEL_SOURCE};
 mod mla;
 pub use mla::{MmgSpec, MMG_KERNELS};
 #[cfg(any(feature = "cuda", feature = "hip-mock"))]
