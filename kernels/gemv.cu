@@ -192,7 +192,8 @@ __device__ void gemv_body(WeightRef W, const float* x, float* out, u32 m, u32 ro
     // the wait — static weights: a block resident while the kernel before still runs (a
     // single-row norm lets this launch in at its start, ops.rs `norm_trigger`) has its rows in
     // hand when the wait returns. Same order, same bits; 8 more registers a thread (64 / 72
-    // for one / two rows a sub-group). The CPU emulator's build (build.rs) compiles it.
+    // for one / two rows a sub-group). The emulator builds the default kernels (what ships);
+    // the pre-loaded pass itself is checked there through gemv_f32_pre_t1.
     if (T == 1 && r0 < rows) {
         u32 rix[R];
 #pragma unroll

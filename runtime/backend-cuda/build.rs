@@ -25,18 +25,6 @@ fn build_emulator() {
         println!("cargo:rerun-if-changed={}", f.unwrap().path().display());
     }
     println!("cargo:rerun-if-changed=src/kernel_build.rs");
-    // The emulator runs the GEMVs' pre-wait first pass (a kernel variant on the GPU, off by
-    // default): the tests then check its bits; the other path differs only in where the loads go.
-    cc::Build::new()
-        .cpp(true)
-        .std("c++20")
-        .opt_level(2)
-        .flag("-fno-strict-aliasing")
-        .flag("-pthread")
-        .warnings(false)
-        .include(&out)
-        .define("WEFT_GEMV_PRELOAD", None)
-        .file(kernels.join("emu/launch.cpp"))
-        .compile("weft_emu");
+    cc::Build::new().cpp(true).std("c++20").opt_level(2).flag("-fno-strict-aliasing").flag("-pthread").warnings(false).include(&out).file(kernels.join("emu/launch.cpp")).compile("weft_emu");
     println!("cargo:rustc-link-lib=stdc++");
 }
