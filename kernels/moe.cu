@@ -10,17 +10,31 @@
 // (v, i) beats (w, j) when larger, ties to the lower index (the CPU reference's order).
 __device__ __forceinline__ bool beats(float v, int i, float w, int j) { return v > w || (v == w && i < j); }
 
-// The block routes token `tok`: ids[t*(K+S) + j], w[t*(K+S) + j] for the K selected
-// experts, then the S shared-expert slots every token takes with weight 1 (ids E..E+S: the
-// shared experts' intermediate chunks, run with the routed ones; S = 0 when they run apart).
-// The logits are read past L1 (`moe_router_route_plan`'s were written by other blocks of its
-// launch). A block routing several tokens in turn puts a barrier between them.
-__device__ void route_token(const volatile float* logits, const float* bias, u32 E, u32 K, u32 S, u32 n_group, u32 topk_group, int norm, float scaling, u32* ids, float* wts, u32 tok) {
-    __shared__ float score[MOE_MAX_EXPERTS], choice[MOE_MAX_EXPERTS];
-    __shared__ unsigned char taken[MOE_MAX_EXPERTS];
-    __shared__ float gscore[MOE_MAX_GROUPS];
-    __shared__ unsigned char gtaken[MOE_MAX_GROUPS];
-    __shared__ int sel[64];
+// A block's routing scratch for up to MAXE experts: every expert's score (and its biased,
+// group-masked choice), the picks so far, the groups', and the K picks in order.
+template <int MAXE>
+struct RouteScratch {
+    float score[MAXE], choice[MAXE];
+    unsigned char taken[MAXE];
+    float gscore[MOE_MAX_GROUPS];
+    unsigned char gtaken[MOE_MAX_GROUPS];
+    int sel[64];
+};
+
+// The block picks token `tok`'s K experts: on return (past a block barrier) `sel[0..K]` holds
+// them in pick order and `score` their sigmoid scores, for every thread. The logits are read
+// past L1 (`moe_router_route_plan`'s were written by other blocks of its launch). Every thread
+// of the block must call it; a block routing several tokens in turn puts a barrier between them.
+// E <= MAXE (the experts' kernels take MOE_ROUTE_FUSED_MAX, ~6 KB of shared memory a block).
+template <int MAXE = MOE_MAX_EXPERTS>
+__device__ RouteScratch<MAXE>& route_select(const volatile float* logits, const float* bias, u32 E, u32 K, u32 n_group, u32 topk_group, u32 tok) {
+    __shared__ RouteScratch<MAXE> rs;
+    float* score = rs.score;
+    float* choice = rs.choice;
+    unsigned char* taken = rs.taken;
+    float* gscore = rs.gscore;
+    unsigned char* gtaken = rs.gtaken;
+    int* sel = rs.sel;
     const volatile float* l = logits + (i64)tok * E;
     for (u32 e = threadIdx.x; e < E; e += blockDim.x) {
         float s = 1.0f / (1.0f + expf(-l[e]));
@@ -81,6 +95,17 @@ __device__ void route_token(const volatile float* logits, const float* bias, u32
         }
     }
     __syncthreads();
+    return rs;
+}
+
+// Thread 0 writes the picks of `route_select` as token `tok`'s routing: ids[t*(K+S) + j],
+// w[t*(K+S) + j] for the K selected experts, then the S shared-expert slots every token takes
+// with weight 1 (ids E..E+S: the shared experts' intermediate chunks, run with the routed
+// ones; S = 0 when they run apart).
+template <int MAXE>
+__device__ void route_write(const RouteScratch<MAXE>& rs, u32 E, u32 K, u32 S, int norm, float scaling, u32* ids, float* wts, u32 tok) {
+    const float* score = rs.score;
+    const int* sel = rs.sel;
     if (threadIdx.x == 0) {
         float d = 0.f;
         for (u32 j = 0; j < K; j++) d += score[sel[j]];
@@ -97,6 +122,11 @@ __device__ void route_token(const volatile float* logits, const float* bias, u32
             wts[row + K + s] = 1.0f;
         }
     }
+}
+
+// The block routes token `tok` (route_select, then route_write).
+__device__ void route_token(const volatile float* logits, const float* bias, u32 E, u32 K, u32 S, u32 n_group, u32 topk_group, int norm, float scaling, u32* ids, float* wts, u32 tok) {
+    route_write(route_select(logits, bias, E, K, n_group, topk_group, tok), E, K, S, norm, scaling, ids, wts, tok);
 }
 
 // The local index of expert `id` in a plan over routed experts first..first+held followed by
@@ -343,6 +373,54 @@ __device__ void moe_gate_up_body(ExpertTable T, const u32* plan, u32 maxa, const
     const u32* off = plan + 1 + maxa;
     const u32* ent = plan + 2 + 2 * maxa + off[a];
     gate_up_rows<FP8, NT>(expert_ref(T, plan[1 + a]), off[a + 1] - off[a], [=](u32 i) { return ent[i]; }, x, h, k, hidden, inter, r);
+}
+
+// A single decoding token's gate|up with its routing in the same launch, in place of
+// moe_route_plan's (moe.rs, `CudaBackend::moe_route_fused`): the S shared-chunk blocks as in
+// moe_gate_up_body, before the wait; every other block waits for the router's logits, routes
+// the token itself (route_select: the routing kernel's picks) and takes the a-th held expert
+// of the picks in ascending order (a = blockIdx.x / tiles - S: the plan's order), its slot the
+// one entry. The first routed block also writes ids, wts and the plan (plan_one_token) for the
+// down products and the combine, which wait for this grid. A dependent launch fewer a layer on
+// the chain, for ~E logits read and K picks in every routed block (k = K + S <= blockDim.x,
+// E <= MOE_ROUTE_FUSED_MAX: moe.rs ROUTE_FUSED_MAX).
+#define MOE_ROUTE_FUSED_MAX 512
+template <int FP8>
+__device__ void moe_gate_up_route_body(ExpertTable T, const float* logits, const float* bias, u32 E, u32 K, u32 S, u32 n_group, u32 topk_group, int norm, float scaling, u32* ids, float* wts, u32 first, u32 held, u32 maxa, u32* plan, const float* x, float* h, u32 hidden, u32 inter) {
+    const u32 warps = blockDim.x / WEFT_WARP, tiles = (inter + warps - 1) / warps, k = K + S;
+    const u32 r = (blockIdx.x % tiles) * warps + threadIdx.x / WEFT_WARP;
+    if (blockIdx.x < S * tiles) {
+        const u32 s = blockIdx.x / tiles, slot = K + s;
+        if (r < inter) gate_up_rows<FP8, 1>(expert_ref(T, held + s), 1, [=](u32) { return slot; }, x, h, k, hidden, inter, r);
+        return;
+    }
+    WEFT_PDL_ENTRY();
+    const RouteScratch<MOE_ROUTE_FUSED_MAX>& rs = route_select<MOE_ROUTE_FUSED_MAX>(logits, bias, E, K, n_group, topk_group, 0);
+    const u32 a = blockIdx.x / tiles - S;
+    if (a == 0 && blockIdx.x % tiles == 0) {
+        route_write(rs, E, K, S, norm, scaling, ids, wts, 0);
+        __syncthreads();
+        plan_one_token(ids, k, E, S, first, held, maxa, plan);
+    }
+    // The a-th smallest held pick (picks are distinct): its local expert and slot.
+    u32 slot = K, loc = 0;
+    for (u32 j = 0; j < K; j++) {
+        const u32 lj = local_expert((u32)rs.sel[j], E, S, first, held);
+        if (lj >= held) continue;
+        u32 rank = 0;
+        for (u32 i = 0; i < K; i++) rank += local_expert((u32)rs.sel[i], E, S, first, held) < lj;
+        if (rank == a) { slot = j; loc = lj; }
+    }
+    if (slot == K || r >= inter) return;
+    gate_up_rows<FP8, 1>(expert_ref(T, loc), 1, [=](u32) { return slot; }, x, h, k, hidden, inter, r);
+}
+extern "C" __global__ void moe_gate_up_route_bf16_t1(const u64* w, const float* logits, const float* bias, u32 E, u32 K, u32 S, u32 n_group, u32 topk_group, int norm, float scaling, u32* ids, float* wts, u32 first, u32 held, u32 maxa, u32* plan, const float* x, float* h, u32 hidden, u32 inter) {
+    ExpertTable Tb = {w, w, 0, 1, 1};
+    moe_gate_up_route_body<0>(Tb, logits, bias, E, K, S, n_group, topk_group, norm, scaling, ids, wts, first, held, maxa, plan, x, h, hidden, inter);
+}
+extern "C" __global__ void moe_gate_up_route_fp8_t1(const u64* w, const u64* sc, u32 sc_cols, u32 br, u32 bc, const float* logits, const float* bias, u32 E, u32 K, u32 S, u32 n_group, u32 topk_group, int norm, float scaling, u32* ids, float* wts, u32 first, u32 held, u32 maxa, u32* plan, const float* x, float* h, u32 hidden, u32 inter) {
+    ExpertTable Tb = {w, sc, sc_cols, br, bc};
+    moe_gate_up_route_body<1>(Tb, logits, bias, E, K, S, n_group, topk_group, norm, scaling, ids, wts, first, held, maxa, plan, x, h, hidden, inter);
 }
 
 // y[entry, r] = down_r · h[entry] (down is [hidden, inter]). Each sub-group takes

@@ -160,6 +160,8 @@ pub const KERNELS: &[&str] = &[
     "moe_combine_add_rms_norm",
     "moe_down_combine_bf16_t1",
     "moe_down_combine_fp8_t1",
+    "moe_gate_up_route_bf16_t1",
+    "moe_gate_up_route_fp8_t1",
     "mla_decode",
     "mla_decode_bf16",
     "mla_decode_mma",

@@ -114,6 +114,10 @@ const EXPERT_KERNELS: [[[&str; 3]; 2]; 2] = [
     [["moe_down_bf16_t1", "moe_down_bf16_t8", "moe_down_bf16_mma"], ["moe_down_fp8_t1", "moe_down_fp8_t8", "moe_down_fp8_mma"]],
 ];
 
+/// Most experts the routing in the experts' launch takes (moe.cu `MOE_ROUTE_FUSED_MAX`: its
+/// scratch in every block's shared memory).
+const ROUTE_FUSED_MAX: usize = 512;
+
 /// The shared experts of a device MoE call: none, their output (computed apart, added by the
 /// combine), or their intermediate chunks to run with the routed experts (each an expert every
 /// token takes with weight 1: one launch pair reads all of them).
@@ -353,35 +357,43 @@ impl CudaBackend {
             Gate::Router(_) => Some(self.out(m * e)?),
             Gate::Logits(_) | Gate::LogitsOfX(_) => None,
         };
-        let mut l = self.stream.launch_builder(self.func(if logits.is_some() { "moe_router_route_plan" } else { "moe_route_plan" }));
-        let route_grid = match gate {
-            Gate::Router(w) => {
-                l.arg(w).arg(x).arg(&m32).arg(&h32).arg(logits.as_mut().expect("allocated above"));
-                e.div_ceil((THREADS / crate::SUBGROUP) as usize) as u32
-            }
-            Gate::Logits(g) | Gate::LogitsOfX(g) => {
-                l.arg(g);
-                m as u32
-            }
+        // Kernel shape: one entry per expert (a single decoding token), a few on CUDA cores,
+        // or tensor cores (a sub-group per 16 gate|up rows or 32 down rows, 16 tokens a pass).
+        let path = self.moe_path(&experts[0], m, cfg.top_k, e);
+        // A single token whose logits were just made from x: its routing in the experts'
+        // gate|up launch (moe.cu `moe_gate_up_route_body`) rather than a launch of its own.
+        let routes_in_experts = match gate {
+            Gate::LogitsOfX(g) if self.moe_route_fused && path == Path::One && k <= THREADS as usize && e <= ROUTE_FUSED_MAX => Some(g),
+            _ => None,
         };
-        // moe_route_plan triggers the experts' launch at its start when x is known complete —
-        // for a single token: at batch 8 the early launch (its waiting blocks, the shared
-        // chunks' stream beside a multi-block routing) took a Moonlight step 8.88 -> 9.84 ms
-        // (round 30, H100), at batch 1 2.877 -> 2.851.
-        let early = (matches!(gate, Gate::LogitsOfX(_)) && m == 1) as i32;
-        l.arg(bias).arg(&e32).arg(&top32).arg(&s32).arg(&ng).arg(&tg).arg(&norm_p).arg(&sc).arg(&mut ids).arg(&mut wts).arg(&first32).arg(&held32).arg(&maxa32).arg(&mut plan).arg(&*counter);
-        if !matches!(gate, Gate::Router(_)) {
-            l.arg(&early);
+        if routes_in_experts.is_none() {
+            let mut l = self.stream.launch_builder(self.func(if logits.is_some() { "moe_router_route_plan" } else { "moe_route_plan" }));
+            let route_grid = match gate {
+                Gate::Router(w) => {
+                    l.arg(w).arg(x).arg(&m32).arg(&h32).arg(logits.as_mut().expect("allocated above"));
+                    e.div_ceil((THREADS / crate::SUBGROUP) as usize) as u32
+                }
+                Gate::Logits(g) | Gate::LogitsOfX(g) => {
+                    l.arg(g);
+                    m as u32
+                }
+            };
+            // moe_route_plan triggers the experts' launch at its start when x is known complete —
+            // for a single token: at batch 8 the early launch (its waiting blocks, the shared
+            // chunks' stream beside a multi-block routing) took a Moonlight step 8.88 -> 9.84 ms
+            // (round 30, H100), at batch 1 2.877 -> 2.851.
+            let early = (matches!(gate, Gate::LogitsOfX(_)) && m == 1) as i32;
+            l.arg(bias).arg(&e32).arg(&top32).arg(&s32).arg(&ng).arg(&tg).arg(&norm_p).arg(&sc).arg(&mut ids).arg(&mut wts).arg(&first32).arg(&held32).arg(&maxa32).arg(&mut plan).arg(&*counter);
+            if !matches!(gate, Gate::Router(_)) {
+                l.arg(&early);
+            }
+            unsafe { l.launch(LaunchConfig { grid_dim: (route_grid, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }) }.map_err(dev)?;
         }
-        unsafe { l.launch(LaunchConfig { grid_dim: (route_grid, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }) }.map_err(dev)?;
         drop(counter);
         // `logits` (the fused router's) lives to the end: the experts' shared-chunk blocks run
         // while that launch still does, so h must not be handed its memory (the recording arena
         // reuses a freed buffer at once).
 
-        // Kernel shape: one entry per expert (a single decoding token), a few on CUDA cores,
-        // or tensor cores (a sub-group per 16 gate|up rows or 32 down rows, 16 tokens a pass).
-        let path = self.moe_path(&experts[0], m, cfg.top_k, e);
         let fp8 = tables.fp8.is_some() as usize;
         let (h32, i32_) = (hidden as u32, inter as u32);
         if let Path::Gemm = path {
@@ -397,13 +409,21 @@ impl CudaBackend {
             _ => (grid(inter, THREADS), grid(hidden.div_ceil(DOWN_ROWS), THREADS)),
         };
         let mut h = self.out(n * inter)?;
-        let mut l = self.stream.launch_builder(self.func(EXPERT_KERNELS[0][fp8][path as usize]));
-        tables.push(&mut l, false);
-        l.arg(&plan).arg(&maxa32).arg(x).arg(&mut h).arg(&k32).arg(&h32).arg(&i32_);
-        // The kernel takes the shared chunks in its first blocks, from x alone (before its
-        // wait): the tokens, the chunks and where they start in the table.
-        l.arg(&m32).arg(&s32).arg(&held32);
-        unsafe { l.launch(gu_grid) }.map_err(dev)?;
+        if let Some(g) = routes_in_experts {
+            let mut l = self.stream.launch_builder(self.func(["moe_gate_up_route_bf16_t1", "moe_gate_up_route_fp8_t1"][fp8]));
+            tables.push(&mut l, false);
+            l.arg(g).arg(bias).arg(&e32).arg(&top32).arg(&s32).arg(&ng).arg(&tg).arg(&norm_p).arg(&sc).arg(&mut ids).arg(&mut wts);
+            l.arg(&first32).arg(&held32).arg(&maxa32).arg(&mut plan).arg(x).arg(&mut h).arg(&h32).arg(&i32_);
+            unsafe { l.launch(gu_grid) }.map_err(dev)?;
+        } else {
+            let mut l = self.stream.launch_builder(self.func(EXPERT_KERNELS[0][fp8][path as usize]));
+            tables.push(&mut l, false);
+            l.arg(&plan).arg(&maxa32).arg(x).arg(&mut h).arg(&k32).arg(&h32).arg(&i32_);
+            // The kernel takes the shared chunks in its first blocks, from x alone (before its
+            // wait): the tokens, the chunks and where they start in the table.
+            l.arg(&m32).arg(&s32).arg(&held32);
+            unsafe { l.launch(gu_grid) }.map_err(dev)?;
+        }
         let mut y = self.out(n * hidden)?;
         // A single token's down products and combine in one launch (the last block of each
         // tile of rows sums them), where the tiles have counters.

@@ -196,6 +196,49 @@ fn moe_combine_norm_takes_wide_rows() {
     g.moe_combine_norm = true;
 }
 
+/// A single token's routing in the experts' gate|up launch (`moe_gate_up_route_*`: every routed
+/// block picks the experts itself, the first writes the routing and the plan) at the routing
+/// shapes of Moonlight (64 experts, top 6, two shared chunks), Kimi-K2 (384, top 8, one chunk) and
+/// DeepSeek-V3 (256, top 8 of 4 of 8 groups), bf16 and fp8 experts, shared chunks with the routed
+/// experts and apart, a whole layer and an expert-parallel rank: the bits of `moe_route_plan`'s
+/// launch and then the experts', and the CPU's result.
+#[test]
+fn routing_runs_in_the_experts_launch() {
+    let Some(mut g) = gpu() else { return };
+    let c = CpuBackend::new();
+    let mut r = Rng(47);
+    let (hidden, inter) = (1024usize, 128usize);
+    let shapes = [(64usize, 6usize, 1usize, 1usize, 2usize), (384, 8, 1, 1, 1), (256, 8, 8, 4, 1)];
+    for (fp8, &(e, k, groups, topk_group, chunks)) in [false, true].into_iter().flat_map(|f| shapes.iter().map(move |s| (f, s))) {
+        let make = |r: &mut Rng, rows, cols| if fp8 { fp8_matrix(r, rows, cols) } else { bf16_matrix(r, rows, cols, 0.05) };
+        let (mut eg, mut ec) = experts_on_both(&g, &c, &mut r, e + chunks, hidden, inter, make);
+        let (sg, sc) = (eg.split_off(e), ec.split_off(e));
+        let cfg = RouterConfig { n_experts: e, top_k: k, n_group: groups, topk_group, norm_topk_prob: true, routed_scaling_factor: 2.5 };
+        let router = HostMatrix::from_f32("model.layers.1.mlp.gate.weight", e, hidden, &r.vec(e * hidden, 0.05));
+        let (rg, rc) = (g.upload_matrix(&router).unwrap(), c.upload_matrix(&router).unwrap());
+        let bias = r.vec(e, 0.3);
+        let bg = g.upload(&bias).unwrap();
+        let x = r.vec(hidden, 1.0);
+        let xg = g.upload(&x).unwrap();
+        for (first, held) in [(0, e), (e / 4, e / 2)] {
+            for shared_fused in [usize::MAX, 0] {
+                g.moe_shared_fused = shared_fused;
+                let want = c.moe_block_routed(&x, &rc, &bias, &cfg, &ec[first..first + held], first, &sc).unwrap();
+                let mut outs = vec![];
+                for fused in [true, false] {
+                    g.moe_route_fused = fused;
+                    let got = g.download(&g.moe_block_routed(&xg, &rg, &bg, &cfg, &eg[first..first + held], first, &sg).unwrap()).unwrap();
+                    let name = format!("fp8={fp8} {e} experts top {k} ({groups} groups) {first}..{} shared with the routed {shared_fused}, routing in gate|up {fused}", first + held);
+                    check(&name, &got, &want, MMA_TOL);
+                    outs.push(got);
+                }
+                assert!(outs[0] == outs[1], "fp8={fp8} {e} experts {first}..: the routing in the experts' launch must give the routing launch's bits");
+            }
+        }
+    }
+    (g.moe_route_fused, g.moe_shared_fused) = (false, 8);
+}
+
 /// The router of a single token with its rows loaded before the wait (`gemv_f32_pre_t1`) at
 /// Moonlight's, DeepSeek-V3's and Kimi-K2's shapes (64 × 2048, 256 × 7168, 384 × 7168: one pass
 /// and four), and a row count that leaves a block half empty: gemv_f32_t1's bits, the CPU's values.

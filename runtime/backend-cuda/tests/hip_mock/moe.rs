@@ -107,7 +107,8 @@ fn moe_fixture(
 /// turn and planning): for one and three tokens, plain and group-limited routing, a whole layer
 /// and an expert-parallel rank, shared chunks with the routed experts and apart — the same bits
 /// as the router's GEMV and then the routing, and the CPU's result; with a single token's down
-/// products and combine in one launch (`moe_down_combine_*`) and apart, also the same bits.
+/// products and combine in one launch (`moe_down_combine_*`) and apart, and a single token's
+/// routing in the experts' gate|up launch (`moe_gate_up_route_*`), also the same bits.
 #[test]
 fn moe_router_runs_in_the_routing_launch() {
     use weft_backend::RouterConfig;
@@ -128,12 +129,12 @@ fn moe_router_runs_in_the_routing_launch() {
                     let want = c.moe_block_routed(&x, &rc, &bias, cfg, &ec[first..first + held], first, &sc[..chunks]).unwrap();
                     g.moe_shared_fused = shared_fused;
                     let mut outs = vec![];
-                    for (fused, down_combine) in [(0, false), (usize::MAX, false), (usize::MAX, true)] {
-                        (g.moe_router_fused, g.moe_down_combine) = (fused, down_combine);
+                    for (fused, down_combine, route_fused) in [(0, false, false), (usize::MAX, false, false), (usize::MAX, true, false), (0, false, true), (0, true, true)] {
+                        (g.moe_router_fused, g.moe_down_combine, g.moe_route_fused) = (fused, down_combine, route_fused);
                         assert_eq!(g.router_fuses(&rg, cfg, &eg[first..first + held], m), fused > 0);
                         let got = g.download(&g.moe_block_routed(&xg, &rg, &bg, cfg, &eg[first..first + held], first, &sg[..chunks]).unwrap()).unwrap();
                         let name = format!(
-                            "moe_block_routed m={m} groups={} experts {first}..{} chunks {chunks} with the routed {shared_fused}, router fused {fused}, down + combine {down_combine}",
+                            "moe_block_routed m={m} groups={} experts {first}..{} chunks {chunks} with the routed {shared_fused}, router fused {fused}, down + combine {down_combine}, routing in gate|up {route_fused}",
                             cfg.n_group,
                             first + held
                         );
@@ -141,12 +142,12 @@ fn moe_router_runs_in_the_routing_launch() {
                         outs.push(got);
                     }
                     // (A single token's down products and combine in one launch sum in moe_combine's order.)
-                    assert!(outs[0] == outs[1] && outs[1] == outs[2], "the router in the routing's launch must give the GEMV's logits, bit for bit");
+                    assert!(outs.iter().all(|o| *o == outs[0]), "the router in the routing's launch and the routing in the experts' must give the launches apart's bits");
                 }
             }
         }
     }
-    (g.moe_router_fused, g.moe_down_combine, g.moe_shared_fused) = (0, false, 8);
+    (g.moe_router_fused, g.moe_down_combine, g.moe_shared_fused, g.moe_route_fused) = (0, false, 8, false);
 }
 
 /// An MoE block added into the residual stream and normed in the combine's launch
