@@ -11,11 +11,10 @@
 __device__ __forceinline__ bool beats(float v, int i, float w, int j) { return v > w || (v == w && i < j); }
 
 // A block's routing scratch for up to MAXE experts: every expert's score (and its biased,
-// group-masked choice), the picks so far, the groups', and the K picks in order.
+// group-masked choice), the groups', and the K picks in order.
 template <int MAXE>
 struct RouteScratch {
     float score[MAXE], choice[MAXE];
-    unsigned char taken[MAXE];
     float gscore[MOE_MAX_GROUPS];
     unsigned char gtaken[MOE_MAX_GROUPS];
     int sel[64];
@@ -31,7 +30,6 @@ __device__ RouteScratch<MAXE>& route_select(const volatile float* logits, const 
     __shared__ RouteScratch<MAXE> rs;
     float* score = rs.score;
     float* choice = rs.choice;
-    unsigned char* taken = rs.taken;
     float* gscore = rs.gscore;
     unsigned char* gtaken = rs.gtaken;
     int* sel = rs.sel;
@@ -40,7 +38,6 @@ __device__ RouteScratch<MAXE>& route_select(const volatile float* logits, const 
         float s = 1.0f / (1.0f + expf(-l[e]));
         score[e] = s;
         choice[e] = s + bias[e];
-        taken[e] = 0;
     }
     __syncthreads();
     if (n_group > 1) {
@@ -69,14 +66,29 @@ __device__ RouteScratch<MAXE>& route_select(const volatile float* logits, const 
             if (!gtaken[e / gsize]) choice[e] = -WEFT_INF;
         __syncthreads();
     }
-    // The K picks by the first sub-group alone: each lane keeps its strided share's best free
-    // expert, a butterfly finds the best of the lanes; no block barrier per pick.
+    // The K picks by the first sub-group alone, every choice in registers: lane l holds experts
+    // q · WEFT_WARP + l (q < MAXE / 32) and a mask of those still free; a pick is each lane's
+    // best free expert, then a butterfly for the best of the lanes; its lane clears the bit. No
+    // shared-memory read and no barrier per pick (the experts' launch routes in every block).
     if (threadIdx.x < WEFT_WARP) {
+        constexpr int NPL = MAXE / 32;
+        const u32 lane = threadIdx.x;
+        float v[NPL];
+        u32 free = 0;
+#pragma unroll
+        for (int q = 0; q < NPL; q++) {
+            const u32 e = q * WEFT_WARP + lane;
+            v[q] = e < E ? choice[e] : -WEFT_INF;
+            if (e < E) free |= 1u << q;
+        }
         for (u32 j = 0; j < K; j++) {
             float bv = -WEFT_INF;
             int bi = 0x7fffffff;
-            for (u32 e = threadIdx.x; e < E; e += WEFT_WARP)
-                if (!taken[e] && beats(choice[e], (int)e, bv, bi)) { bv = choice[e]; bi = (int)e; }
+#pragma unroll
+            for (int q = 0; q < NPL; q++) {
+                const int e = (int)(q * WEFT_WARP + lane);
+                if ((free >> q & 1u) && beats(v[q], e, bv, bi)) { bv = v[q]; bi = e; }
+            }
             for (int o = WEFT_WARP / 2; o > 0; o >>= 1) {
                 float ov = lane_xor(bv, o);
                 int oi = lane_xor_int(bi, o);
@@ -85,13 +97,14 @@ __device__ RouteScratch<MAXE>& route_select(const volatile float* logits, const 
             int b = bi;
             // NaN scores compare false everywhere: fall back to the first free expert rather
             // than an out-of-range id (NaN activations are a bug upstream, not a crash here).
-            if (b < 0 || (u32)b >= E)
-                for (u32 e = 0; e < E; e++)
-                    if (!taken[e]) { b = (int)e; break; }
-            // Every lane marks it: a lane reads back only the entries it scans, so its own
-            // store is the one it needs to see (no sub-group barrier).
-            taken[b] = 1;
-            if (threadIdx.x == 0) sel[j] = b;
+            if (b < 0 || (u32)b >= E) {
+                u32 q = 0;
+                while (q < 32 && !(free >> q & 1u)) q++;
+                b = q < 32 ? (int)(q * WEFT_WARP + lane) : 0x7fffffff;
+                for (int o = WEFT_WARP / 2; o > 0; o >>= 1) b = min(b, lane_xor_int(b, o));
+            }
+            if ((u32)b % WEFT_WARP == lane) free &= ~(1u << ((u32)b / WEFT_WARP));
+            if (lane == 0) sel[j] = b;
         }
     }
     __syncthreads();
