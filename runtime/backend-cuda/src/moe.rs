@@ -363,7 +363,7 @@ impl CudaBackend {
         // A single token whose logits were just made from x: its routing in the experts'
         // gate|up launch (moe.cu `moe_gate_up_route_body`) rather than a launch of its own.
         let routes_in_experts = match gate {
-            Gate::LogitsOfX(g) if self.moe_route_fused && path == Path::One && k <= THREADS as usize && e <= ROUTE_FUSED_MAX => Some(g),
+            Gate::LogitsOfX(g) if e <= self.moe_route_fused.min(ROUTE_FUSED_MAX) && path == Path::One && k <= THREADS as usize => Some(g),
             _ => None,
         };
         if routes_in_experts.is_none() {

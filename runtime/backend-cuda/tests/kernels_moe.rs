@@ -226,7 +226,7 @@ fn routing_runs_in_the_experts_launch() {
                 let want = c.moe_block_routed(&x, &rc, &bias, &cfg, &ec[first..first + held], first, &sc).unwrap();
                 let mut outs = vec![];
                 for fused in [true, false] {
-                    g.moe_route_fused = fused;
+                    g.moe_route_fused = if fused { usize::MAX } else { 0 };
                     let got = g.download(&g.moe_block_routed(&xg, &rg, &bg, &cfg, &eg[first..first + held], first, &sg).unwrap()).unwrap();
                     let name = format!("fp8={fp8} {e} experts top {k} ({groups} groups) {first}..{} shared with the routed {shared_fused}, routing in gate|up {fused}", first + held);
                     check(&name, &got, &want, MMA_TOL);
@@ -236,7 +236,7 @@ fn routing_runs_in_the_experts_launch() {
             }
         }
     }
-    (g.moe_route_fused, g.moe_shared_fused) = (false, 8);
+    (g.moe_route_fused, g.moe_shared_fused) = (64, 8);
 }
 
 /// The router of a single token with its rows loaded before the wait (`gemv_f32_pre_t1`) at

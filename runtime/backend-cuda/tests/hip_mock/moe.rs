@@ -130,7 +130,7 @@ fn moe_router_runs_in_the_routing_launch() {
                     g.moe_shared_fused = shared_fused;
                     let mut outs = vec![];
                     for (fused, down_combine, route_fused) in [(0, false, false), (usize::MAX, false, false), (usize::MAX, true, false), (0, false, true), (0, true, true)] {
-                        (g.moe_router_fused, g.moe_down_combine, g.moe_route_fused) = (fused, down_combine, route_fused);
+                        (g.moe_router_fused, g.moe_down_combine, g.moe_route_fused) = (fused, down_combine, if route_fused { usize::MAX } else { 0 });
                         assert_eq!(g.router_fuses(&rg, cfg, &eg[first..first + held], m), fused > 0);
                         let got = g.download(&g.moe_block_routed(&xg, &rg, &bg, cfg, &eg[first..first + held], first, &sg[..chunks]).unwrap()).unwrap();
                         let name = format!(
@@ -147,7 +147,7 @@ fn moe_router_runs_in_the_routing_launch() {
             }
         }
     }
-    (g.moe_router_fused, g.moe_down_combine, g.moe_shared_fused, g.moe_route_fused) = (0, false, 8, false);
+    (g.moe_router_fused, g.moe_down_combine, g.moe_shared_fused, g.moe_route_fused) = (0, false, 8, 64);
 }
 
 /// An MoE block added into the residual stream and normed in the combine's launch
