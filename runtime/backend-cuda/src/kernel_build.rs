@@ -8,36 +8,31 @@ use crate::emu;
 use crate::SUBGROUP;
 use crate::{dev, unavailable, BackendError, CudaContext, Result};
 
-pub const KERNEL_SOURCE: &str = concat!(
-    include_str!("../../../kernels/weft_port.h"),
-    "\n",
-    include_str!("../../../kernels/weft.cu"),
-    "\n",
-    include_str!("../../../kernels/gemv.cu"),
-    "\n",
-    include_str!("../../../kernels/moe.cu"),
-    "\n",
-    include_str!("../../../kernels/mma.cu"),
-    "\n",
-    include_str!("../../../kernels/moe_gemm.cu"),
-    "\n",
-    include_str!("../../../kernels/moe_wgmma.cu"),
-    "\n",
-    include_str!("../../../kernels/mla.cu"),
-    "\n",
-    include_str!("../../../kernels/mla_grouped.cu"),
-    "\n",
-    include_str!("../../../kernels/mla_wgmma.cu"),
-    "\n",
-    include_str!("../../../kernels/mla_pair.cu"),
-    "\n",
-    include_str!("../../../kernels/mla_flash.cu"),
-    "\n",
-    include_str!("../../../kernels/dummy.cu"),
-    "\n",
-    include_str!("../../../kernels/sample.cu"),
-    "\n",
-    include_str!("../../../kernels/gemm.cu"),
+/// The kernel files in the order they are joined (also the emulator's, kernels/emu/launch.cpp):
+/// `KERNEL_SOURCE`, the built-in source, each file followed by a newline, and `KERNEL_FILES`,
+/// the names `WEFT_CUDA_KERNEL_DIR` reads.
+macro_rules! kernel_files {
+    ($($f:literal),* $(,)?) => {
+        pub const KERNEL_SOURCE: &str = concat!($(include_str!(concat!("../../../kernels/", $f)), "\n"),*);
+        const KERNEL_FILES: &[&str] = &[$($f),*];
+    };
+}
+kernel_files!(
+    "weft_port.h",
+    "weft.cu",
+    "gemv.cu",
+    "moe.cu",
+    "mma.cu",
+    "moe_gemm.cu",
+    "moe_wgmma.cu",
+    "mla.cu",
+    "mla_grouped.cu",
+    "mla_wgmma.cu",
+    "mla_pair.cu",
+    "mla_flash.cu",
+    "dummy.cu",
+    "sample.cu",
+    "gemm.cu",
 );
 /// Every kernel the backend loads by name (a missing one fails `CudaBackend::new`).
 pub const KERNELS: &[&str] = &[
@@ -227,25 +222,6 @@ fn arch_name(major: i32, minor: i32) -> &'static str {
     }
 }
 
-/// The files of `KERNEL_SOURCE`, in its order.
-const KERNEL_FILES: &[&str] = &[
-    "weft_port.h",
-    "weft.cu",
-    "gemv.cu",
-    "moe.cu",
-    "mma.cu",
-    "moe_gemm.cu",
-    "moe_wgmma.cu",
-    "mla.cu",
-    "mla_grouped.cu",
-    "mla_wgmma.cu",
-    "mla_pair.cu",
-    "mla_flash.cu",
-    "dummy.cu",
-    "sample.cu",
-    "gemm.cu",
-];
-
 /// The kernels' source: the built-in one, or with `WEFT_CUDA_KERNEL_DIR=<dir>` the files of
 /// `KERNEL_FILES` read from that folder at start-up — for kernel experiments on a GPU machine
 /// that has no Rust toolchain (the host code's launches must still match the kernels).
@@ -371,8 +347,8 @@ mod tests {
     #[test]
     fn kernel_files_make_the_built_in_source() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels");
-        let joined: Vec<String> = super::KERNEL_FILES.iter().map(|f| std::fs::read_to_string(dir.join(f)).unwrap()).collect();
-        assert_eq!(joined.join("\n"), super::KERNEL_SOURCE);
+        let joined: String = super::KERNEL_FILES.iter().map(|f| std::fs::read_to_string(dir.join(f)).unwrap() + "\n").collect();
+        assert_eq!(joined, super::KERNEL_SOURCE);
     }
 
     /// The parser reads ptxas's lines as NVRTC 13 writes them.
